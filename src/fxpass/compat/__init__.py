@@ -1,0 +1,1 @@
+"""Drop-in replacements for torch APIs, built on fxpass (see :mod:`fxpass.compat.fx`)."""

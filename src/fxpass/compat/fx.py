@@ -1,0 +1,25 @@
+"""fxpass's versions of torch.fx's pass, rewrite and partition APIs, under torch's names.
+
+Change ``from torch.fx.passes.infra.pass_manager import PassManager`` to
+``from fxpass.compat.fx import PassManager`` (and likewise for the other names) and existing
+code runs unchanged, with fxpass's rollback on failure, one recompile per run and honest
+"modified" results.
+"""
+
+from ._pass_infra import (
+    PassBase,
+    PassManager,
+    PassResult,
+    _topological_sort_passes,
+    pass_result_wrapper,
+    this_before_that_pass_constraint,
+)
+
+__all__ = [
+    "PassBase",
+    "PassManager",
+    "PassResult",
+    "_topological_sort_passes",
+    "pass_result_wrapper",
+    "this_before_that_pass_constraint",
+]

@@ -1,0 +1,1 @@
+"""The core of fxpass: pass contract, pipeline, registry, spec, instrumentation, report."""

@@ -1,0 +1,131 @@
+"""What a running pass can reach: sample inputs, statistics, listeners and debug counters.
+
+A pipeline run installs one :class:`PassContext` (a context variable), so code deep inside a
+pass — the rewrite engine, a helper — can report statistics with :func:`stat`, tell the
+instrumentation about each change with :meth:`PassContext.notify`, and ask
+:meth:`PassContext.allow` before each rewrite so bisection can stop after the k-th one
+(MLIR's debug counters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .instrument import Instrumentation
+    from .report import PassRecord
+
+__all__ = ["ChangeEvent", "DebugCounter", "PassContext", "current_context", "stat"]
+
+
+@dataclass
+class ChangeEvent:
+    """One change to the graph made through the rewriter (or reported by a pass).
+
+    ``kind`` is ``"replace"``, ``"insert"``, ``"erase"`` or ``"modify"``; ``rule`` names the
+    rule or pass that made it; ``old`` and ``new`` are the nodes involved; ``index`` is the
+    1-based number of this action in the run (what a :class:`DebugCounter` counts).
+    """
+
+    kind: str
+    rule: str
+    old: Sequence[Any] = ()
+    new: Sequence[Any] = ()
+    index: int = 0
+    location: str = ""
+
+
+@dataclass
+class DebugCounter:
+    """Allow only some actions: skip the first ``skip``, then allow ``count`` (``-1``: all).
+
+    ``DebugCounter(count=k)`` lets exactly the first ``k`` rewrites of a run happen, which is
+    what bisection needs; ``seen`` counts every action asked about, allowed or not.
+    """
+
+    skip: int = 0
+    count: int = -1
+    seen: int = 0
+
+    def allow(self) -> bool:
+        self.seen += 1
+        if self.seen <= self.skip:
+            return False
+        return self.count < 0 or self.seen <= self.skip + self.count
+
+
+@dataclass
+class PassContext:
+    """State shared by the passes of one pipeline run."""
+
+    sample_inputs: Sequence[Any] | None = None
+    instruments: list[Instrumentation] = field(default_factory=list)
+    debug_counter: DebugCounter | None = None
+    actions: int = 0
+    records: list[PassRecord] = field(default_factory=list)
+    pass_path: list[str] = field(default_factory=list)
+    recompiler: Any = None
+    checks: list[Any] = field(default_factory=list)  # pipelines whose checks apply now
+    ran: list[str] = field(default_factory=list)  # leaf passes that completed, in order
+    fp: Any = None  # (module, fingerprint) after the last pass
+    suppressed: list[str] = field(default_factory=list)
+
+    @property
+    def record(self) -> PassRecord | None:
+        """The record of the innermost pass now running."""
+        return self.records[-1] if self.records else None
+
+    def stat(self, name: str, value: float = 1) -> None:
+        """Add ``value`` to the statistic ``name`` of the pass now running."""
+        record = self.record
+        if record is not None:
+            record.stats[name] = record.stats.get(name, 0) + value
+
+    def allow(self) -> bool:
+        """Ask before making one change; False means skip it (a debug counter said so)."""
+        self.actions += 1
+        return self.debug_counter is None or self.debug_counter.allow()
+
+    def notify(self, event: ChangeEvent) -> None:
+        """Tell every instrumentation about a change."""
+        if not event.index:
+            event.index = self.actions
+        for inst in self.instruments:
+            inst.on_change(event, self)
+
+
+_CURRENT: contextvars.ContextVar[PassContext | None] = contextvars.ContextVar(
+    "fxpass_context", default=None
+)
+
+
+def current_context() -> PassContext | None:
+    """The context of the pipeline run in progress in this thread, or None."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def _activate(ctx: PassContext) -> Iterator[PassContext]:
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)
+
+
+def stat(name: str, value: float = 1) -> None:
+    """Count a statistic for the pass now running (no-op outside a pipeline).
+
+    >>> import fxpass as fp
+    >>> def drop_clones(gm):
+    ...     for node in list(gm.graph.nodes):
+    ...         ...
+    ...         fp.stat("clones_removed")
+    """
+    ctx = _CURRENT.get()
+    if ctx is not None:
+        ctx.stat(name, value)

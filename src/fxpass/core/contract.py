@@ -1,0 +1,227 @@
+"""The pass contract: what counts as a pass, and what running one returns.
+
+A pass is any of
+
+* a function ``(gm) -> bool | None | PassResult | GraphModule`` (torch.fx, SGLang style);
+* a lowering function ``(gm, sample_inputs) -> GraphModule`` (Torch-TensorRT style);
+* an object with ``requires(gm)``, ``call(gm)`` and ``ensures(gm)`` — a :class:`Pass`
+  subclass, a ``torch.fx.passes.infra.pass_base.PassBase``, an ExecuTorch pass;
+* a :class:`~fxpass.Pipeline` (pipelines nest).
+
+:func:`as_pass` turns each into a :class:`Pass`. "Modified" is honest: when a pass does not
+say whether it changed the graph (it returns ``None`` or a module), the pipeline compares a
+cheap structural fingerprint taken before and after it; when it says False but did change
+the graph, the pipeline counts it as changed and notes the discrepancy in the report.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
+
+__all__ = ["FunctionPass", "ObjectPass", "Pass", "PassResult", "as_pass"]
+
+
+class PassResult(_TorchPassResult):
+    """The result of running a pass: ``graph_module``, ``modified``, ``stats`` (and ``report``).
+
+    It is a subclass of torch's ``PassResult`` named tuple, so code that unpacks
+    ``gm, modified = result`` or checks ``isinstance(result, torch...PassResult)`` still works.
+    """
+
+    def __new__(
+        cls,
+        graph_module: fx.GraphModule,
+        modified: bool,
+        stats: Mapping[str, float] | None = None,
+        report: Any = None,
+    ) -> PassResult:
+        self = super().__new__(cls, graph_module, bool(modified))
+        self.stats = dict(stats or {})
+        self.report = report
+        return self
+
+    def __repr__(self) -> str:
+        name = type(self.graph_module).__name__
+        return f"PassResult(graph_module=<{name}>, modified={self.modified}, stats={self.stats})"
+
+
+def _snake(name: str) -> str:
+    name = re.sub(r"Pass$", "", name) or name
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class Pass:
+    """Base class for passes with a ``requires -> call -> ensures`` contract.
+
+    Subclass it and implement :meth:`call`; ``requires`` and ``ensures`` are optional checks
+    that raise when the graph does not meet the pass's pre- or post-conditions. Declare the
+    statistics the pass counts in ``statistics`` (name -> description) and count them with
+    :func:`fxpass.stat`. Set ``needs_code = True`` if the pass runs the module's Python code
+    (the pipeline regenerates it first; otherwise code is regenerated once per run).
+
+    Calling a pass on a module runs it as a one-pass pipeline: honest "modified", rollback on
+    failure, one recompile.
+    """
+
+    name: str = ""
+    needs_code: bool = False
+    statistics: Mapping[str, str] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("name"):
+            cls.name = _snake(cls.__name__)
+
+    @property
+    def spec(self) -> str:
+        """The pass as text in a pipeline spec (its registered name and options)."""
+        return getattr(self, "_fxpass_spec", None) or self.name
+
+    def requires(self, gm: fx.GraphModule) -> None:
+        """Raise if ``gm`` does not meet this pass's preconditions."""
+
+    def call(self, gm: fx.GraphModule) -> bool | PassResult | fx.GraphModule | None:
+        """Transform ``gm`` (in place, or return a new module) and say whether it changed."""
+        raise NotImplementedError(f"{type(self).__name__} must implement call(gm)")
+
+    def ensures(self, gm: fx.GraphModule) -> None:
+        """Raise if ``gm`` does not meet this pass's postconditions."""
+
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
+        """Run the pass inside a pipeline (the pipeline interprets the return value)."""
+        self.requires(gm)
+        result = self.call(gm)
+        out = _module_of(result, gm)
+        self.ensures(out)
+        return result
+
+    def __call__(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
+        from .pipeline import Pipeline
+
+        return Pipeline([self], name=self.name).run(gm, sample_inputs, **kw)
+
+    def __str__(self) -> str:
+        return self.spec
+
+    def __repr__(self) -> str:
+        return f"<pass {self.spec}>"
+
+
+def _module_of(result: Any, gm: fx.GraphModule) -> fx.GraphModule:
+    if isinstance(result, _TorchPassResult):
+        return result.graph_module
+    if isinstance(result, fx.GraphModule):
+        return result
+    return gm
+
+
+def _import_path(fn: Callable) -> str | None:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        return None
+    return f"{module}:{qualname}"
+
+
+def _is_lowering(fn: Callable) -> bool:
+    """A function taking ``(gm, sample_inputs)``: two positional parameters with no defaults."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(positional) >= 2
+
+
+class FunctionPass(Pass):
+    """A function used as a pass: ``fn(gm)``, or ``fn(gm, sample_inputs)`` for lowering passes."""
+
+    def __init__(
+        self,
+        fn: Callable,
+        name: str | None = None,
+        *,
+        lowering: bool | None = None,
+        needs_code: bool | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.lowering = _is_lowering(fn) if lowering is None else lowering
+        self.options = dict(options or {})
+        if needs_code is not None:
+            self.needs_code = needs_code
+        else:
+            self.needs_code = bool(getattr(fn, "needs_code", False))
+        path = _import_path(fn)
+        if path and not options and name is None:
+            self._fxpass_spec = path
+        self.statistics = dict(getattr(fn, "statistics", {}))
+
+    def call(self, gm: fx.GraphModule):
+        raise RuntimeError("FunctionPass runs through execute()")  # pragma: no cover
+
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
+        if self.lowering:
+            inputs = ctx.sample_inputs if ctx is not None else None
+            return self.fn(gm, list(inputs) if inputs is not None else [], **self.options)
+        return self.fn(gm, **self.options)
+
+    def __repr__(self) -> str:
+        kind = "lowering pass" if self.lowering else "pass"
+        return f"<{kind} {self.spec}>"
+
+
+class ObjectPass(Pass):
+    """An object with ``call`` (and optionally ``requires``/``ensures``), e.g. torch's PassBase."""
+
+    def __init__(self, obj: Any, name: str | None = None) -> None:
+        self.obj = obj
+        self.name = name or getattr(obj, "name", None) or _snake(type(obj).__name__)
+        self.needs_code = bool(getattr(obj, "needs_code", False))
+        self.statistics = dict(getattr(obj, "statistics", {}))
+
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
+        obj = self.obj
+        if callable(getattr(obj, "requires", None)):
+            obj.requires(gm)
+        result = obj.call(gm)
+        if callable(getattr(obj, "ensures", None)):
+            obj.ensures(_module_of(result, gm))
+        return result
+
+
+def as_pass(obj: Any) -> Pass:
+    """Turn anything the contract accepts into a :class:`Pass` (names look up the registry)."""
+    if isinstance(obj, Pass):
+        return obj
+    if isinstance(obj, str):
+        from .registry import REGISTRY
+
+        return REGISTRY.create(obj)
+    if isinstance(obj, type):
+        if issubclass(obj, Pass):
+            return obj()
+        if callable(getattr(obj, "call", None)):
+            return ObjectPass(obj())
+        raise TypeError(
+            f"{obj.__name__} is a class but not a pass: give it a call(gm) method "
+            "or subclass fxpass.Pass"
+        )
+    if callable(getattr(obj, "call", None)) and not inspect.isfunction(obj):
+        return ObjectPass(obj)
+    if callable(obj):
+        return FunctionPass(obj)
+    raise TypeError(
+        f"{obj!r} is not a pass: expected a function (gm) -> ..., a lowering function "
+        "(gm, sample_inputs) -> gm, an object with call(gm), a Pipeline, or a registered name"
+    )

@@ -1,0 +1,190 @@
+"""Typed pass options: read from a pass's signature, parsed from and printed to spec text.
+
+A registered function pass declares options as keyword parameters with annotations and
+defaults (``def fuse(gm, *, eps: float | None = None)``); a :class:`~fxpass.Pass` subclass
+declares them as ``__init__`` parameters. Supported types: ``bool``, ``int``, ``float``,
+``str``, ``Literal[...]``, ``X | None`` and lists/tuples of those scalars.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Option", "options_of"]
+
+_MISSING = inspect.Parameter.empty
+_BARE = re.compile(r"^[A-Za-z0-9_.+\-:/*]+$")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a pass: its name, type annotation, default and whether it is required."""
+
+    name: str
+    annotation: Any = Any
+    default: Any = None
+    required: bool = False
+    doc: str = ""
+
+    # ----- describing -------------------------------------------------------------------
+    @property
+    def type_name(self) -> str:
+        return _type_name(self.annotation)
+
+    def describe(self) -> str:
+        default = "required" if self.required else f"default {self.format(self.default)}"
+        return f"{self.name}: {self.type_name} ({default})"
+
+    # ----- converting -------------------------------------------------------------------
+    def convert(self, value: Any) -> Any:
+        """Check a Python value against the type; raise ValueError saying what was expected."""
+        return _convert(self.annotation, value, self.name)
+
+    def parse(self, raw: str | list[str], quoted: bool = False) -> Any:
+        """Turn spec text (a bare or quoted word, or a bracketed list of words) into a value."""
+        return _parse(self.annotation, raw, quoted, self.name)
+
+    def format(self, value: Any) -> str:
+        """The value as spec text that :meth:`parse` reads back."""
+        return format_value(value)
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    text = str(value)
+    if _BARE.match(text) and text.lower() not in ("true", "false", "none"):
+        return text
+    return json.dumps(text)
+
+
+def _type_name(ann: Any) -> str:
+    origin = typing.get_origin(ann)
+    if ann is Any or ann is _MISSING:
+        return "any"
+    if origin is typing.Literal:
+        return "one of " + "|".join(format_value(a) for a in typing.get_args(ann))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(ann))
+    if origin in (list, tuple):
+        args = [a for a in typing.get_args(ann) if a is not Ellipsis]
+        return f"list of {_type_name(args[0]) if args else 'any'}"
+    if ann is type(None):
+        return "none"
+    return getattr(ann, "__name__", str(ann))
+
+
+class _Mismatch(ValueError):
+    pass
+
+
+def _convert(ann: Any, value: Any, name: str) -> Any:
+    origin = typing.get_origin(ann)
+    if ann is Any or ann is _MISSING:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(ann):
+            try:
+                return _convert(arg, value, name)
+            except _Mismatch:
+                continue
+        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+    if origin is typing.Literal:
+        if value in typing.get_args(ann):
+            return value
+        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+        args = [a for a in typing.get_args(ann) if a is not Ellipsis]
+        items = [_convert(args[0], v, name) if args else v for v in value]
+        return tuple(items) if origin is tuple else items
+    if ann is type(None):
+        if value is None:
+            return None
+        raise _Mismatch(f"option '{name}' expects none, got {value!r}")
+    if ann is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if ann is bool and not isinstance(value, bool):
+        raise _Mismatch(f"option '{name}' expects bool, got {value!r}")
+    if ann is int and isinstance(value, bool):
+        raise _Mismatch(f"option '{name}' expects int, got {value!r}")
+    if isinstance(ann, type) and not isinstance(value, ann):
+        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+    return value
+
+
+def _parse_scalar(ann: Any, text: str, quoted: bool, name: str) -> Any:
+    if quoted:
+        return _convert(ann, text, name)
+    low = text.lower()
+    candidates: list[Any] = []
+    if low == "none":
+        candidates.append(None)
+    if low in ("true", "false"):
+        candidates.append(low == "true")
+    with contextlib.suppress(ValueError):
+        candidates.append(int(text, 0))
+    with contextlib.suppress(ValueError):
+        candidates.append(float(text))
+    candidates.append(text)
+    for value in candidates:
+        try:
+            return _convert(ann, value, name)
+        except _Mismatch:
+            continue
+    raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {text!r}")
+
+
+def _parse(ann: Any, raw: str | list, quoted: bool, name: str) -> Any:
+    if isinstance(raw, list):
+        origin = typing.get_origin(ann)
+        if origin in (typing.Union, types.UnionType):
+            ann = next(
+                (a for a in typing.get_args(ann) if typing.get_origin(a) in (list, tuple)), ann
+            )
+            origin = typing.get_origin(ann)
+        if origin not in (list, tuple) and ann not in (Any, _MISSING):
+            raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got a list")
+        args = [a for a in typing.get_args(ann) if a is not Ellipsis] or [Any]
+        items = [_parse_scalar(args[0], text, q, name) for text, q in raw]
+        return tuple(items) if origin is tuple else items
+    return _parse_scalar(ann, raw, quoted, name)
+
+
+def options_of(fn: Callable, *, skip: int = 0) -> dict[str, Option]:
+    """The options a pass function or class declares: parameters after the first ``skip``."""
+    target = fn.__init__ if isinstance(fn, type) else fn
+    sig = inspect.signature(target)
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:
+        hints = {}
+    params = list(sig.parameters.values())
+    if isinstance(fn, type):
+        params = params[1:]  # self
+    out: dict[str, Option] = {}
+    for p in params[skip:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        out[p.name] = Option(
+            name=p.name,
+            annotation=hints.get(p.name, p.annotation if p.annotation is not _MISSING else Any),
+            default=None if p.default is _MISSING else p.default,
+            required=p.default is _MISSING,
+        )
+    return out

@@ -1,0 +1,530 @@
+"""The pass manager: an ordered, nestable list of passes run with checks and rollback.
+
+>>> import fxpass as fp
+>>> pipe = fp.Pipeline.parse("remove_assert_ops,fixpoint(cse,dce)")    # doctest: +SKIP
+>>> result = pipe(gm)                                                   # doctest: +SKIP
+>>> result.modified, result.report                                      # doctest: +SKIP
+
+What a run guarantees:
+
+* **Order.** Passes run in the order given, adjusted by ordering constraints
+  (:meth:`Pipeline.this_before_that`), solved by a stable topological sort. A cycle is a
+  :class:`~fxpass.ConstraintCycleError` naming the passes in it.
+* **Honest "modified".** See :mod:`fxpass.core.contract`. A :class:`Fixpoint` stops as soon
+  as one round changes nothing.
+* **Checks.** After each pass that changed the graph: ``graph.lint()`` and the checks added
+  with :meth:`Pipeline.add_checks` (a check raises or returns False). Checks added to a
+  pipeline also run after the passes of pipelines nested in it. With
+  ``suppress_check_failures=True`` a failure is recorded in the report and warned about.
+* **Nothing lost.** If a pass raises or a check fails, the GraphModule given to the run is put
+  back exactly as it was (same Node objects, same code) and a
+  :class:`~fxpass.PassFailedError` names the failing pass and the passes that ran before it.
+* **One recompile.** The module's Python code is regenerated once, at the end of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import heapq
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from torch import fx
+
+from .context import DebugCounter, PassContext, _activate, current_context
+from .contract import Pass, PassResult, as_pass
+from .errors import (
+    CheckFailedError,
+    ConstraintCycleError,
+    NonConvergenceError,
+    PassFailedError,
+)
+from .instrument import Instrumentation
+from .recompile import DeferredRecompile
+from .report import PassRecord, Report
+from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
+
+__all__ = ["Fixpoint", "Pipeline", "fixpoint", "instrumented"]
+
+Check = Callable[[fx.GraphModule], Any]
+
+_GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = contextvars.ContextVar(
+    "fxpass_instruments", default=()
+)
+
+
+@contextlib.contextmanager
+def instrumented(*instruments: Instrumentation) -> Iterator[None]:
+    """Attach instrumentation to every pipeline run inside the block (backends, the CLI).
+
+    >>> with fxpass.instrumented(fxpass.PrintIR(after_change=True)):   # doctest: +SKIP
+    ...     torch.compile(model, backend="fxpass")(x)
+    """
+    token = _GLOBAL_INSTRUMENTS.set((*_GLOBAL_INSTRUMENTS.get(), *instruments))
+    try:
+        yield
+    finally:
+        _GLOBAL_INSTRUMENTS.reset(token)
+
+
+def _pass_key(p: Any) -> Any:
+    return p.name if isinstance(p, str) else p
+
+
+class Pipeline(Pass):
+    """An ordered list of passes that is itself a pass.
+
+    Args:
+        passes: anything :func:`fxpass.as_pass` accepts (functions, lowering functions,
+            ``Pass`` objects, torch ``PassBase`` objects, registered names, pipelines).
+        name: shown in reports; defaults to ``"pipeline"``.
+        constraints: ``(before, after)`` pairs (passes or names), or torch-style callables
+            ``constraint(a, b) -> bool`` that return False when ``a`` may not run before ``b``.
+        checks: callables run after each pass that changed the graph.
+        lint: run ``graph.lint()`` among the checks.
+        run_checks_after_each_pass: run the checks at all (off: no lint, no user checks).
+        suppress_check_failures: record and warn instead of raising when a check fails.
+        instrument: instrumentation attached to every run of this pipeline.
+    """
+
+    name = "pipeline"
+    _check_every_pass = False  # torch's PassManager checks after unchanged passes too
+    _quiet_limit = False  # torch's `steps` is a cap, not a convergence promise
+
+    def __init__(
+        self,
+        passes: Iterable[Any] = (),
+        *,
+        name: str | None = None,
+        constraints: Iterable[Any] = (),
+        checks: Iterable[Check] = (),
+        lint: bool = True,
+        run_checks_after_each_pass: bool = True,
+        suppress_check_failures: bool = False,
+        instrument: Iterable[Instrumentation] = (),
+    ) -> None:
+        self._passes: list[Pass] = [as_pass(p) for p in passes]
+        if name:
+            self.name = name
+        self._constraints: list[Any] = []
+        self._ordered: list[Pass] | None = None
+        self.checks: list[Check] = list(checks)
+        self.lint = lint
+        self.run_checks_after_each_pass = run_checks_after_each_pass
+        self.suppress_check_failures = suppress_check_failures
+        self.instrument: list[Instrumentation] = list(instrument)
+        for c in constraints:
+            self.add_constraint(c)
+
+    # ----- building ---------------------------------------------------------------------
+    def add(self, p: Any) -> Pipeline:
+        """Append a pass; returns the pipeline so calls chain."""
+        self._passes.append(as_pass(p))
+        self._ordered = None
+        return self
+
+    add_pass = add
+
+    def add_checks(self, *checks: Check) -> Pipeline:
+        """Run ``checks`` after every pass that changes the graph (ExecuTorch's add_checks)."""
+        self.checks.extend(checks)
+        return self
+
+    def add_constraint(self, constraint: Any) -> Pipeline:
+        """Add a ``(before, after)`` pair or a torch-style ``constraint(a, b) -> bool``."""
+        if isinstance(constraint, tuple) and len(constraint) == 2:
+            constraint = tuple(_pass_key(p) for p in constraint)
+        elif not callable(constraint):
+            raise TypeError(
+                f"a constraint is a (before, after) pair or a callable (a, b) -> bool, "
+                f"not {constraint!r}"
+            )
+        self._constraints.append(constraint)
+        self._ordered = None
+        return self
+
+    def this_before_that(self, this: Any, that: Any) -> Pipeline:
+        """Require pass ``this`` (a pass or its name) to run before ``that``."""
+        return self.add_constraint((this, that))
+
+    # ----- order ------------------------------------------------------------------------
+    @property
+    def passes(self) -> list[Pass]:
+        """The passes in the order they will run (constraints applied)."""
+        if self._ordered is None:
+            self._ordered = self._solve()
+        return list(self._ordered)
+
+    def _matches(self, key: Any, p: Pass) -> bool:
+        if isinstance(key, str):
+            return p.name == key or p.spec == key
+        return p is key or getattr(p, "fn", None) is key or getattr(p, "obj", None) is key
+
+    def _solve(self) -> list[Pass]:
+        passes = self._passes
+        if not self._constraints:
+            return list(passes)
+        n = len(passes)
+        succ: list[set[int]] = [set() for _ in range(n)]
+        for c in self._constraints:
+            for i, a in enumerate(passes):
+                for j, b in enumerate(passes):
+                    if i == j:
+                        continue
+                    if isinstance(c, tuple):
+                        if self._matches(c[0], a) and self._matches(c[1], b):
+                            succ[i].add(j)
+                    else:
+                        # torch semantics: c(a, b) is False when a must not come before b.
+                        ua, ub = getattr(a, "fn", a), getattr(b, "fn", b)
+                        if not c(ua, ub):
+                            succ[j].add(i)
+        indegree = [0] * n
+        for i in range(n):
+            for j in succ[i]:
+                indegree[j] += 1
+        ready = [i for i in range(n) if indegree[i] == 0]
+        heapq.heapify(ready)
+        order: list[int] = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for j in sorted(succ[i]):
+                indegree[j] -= 1
+                if indegree[j] == 0:
+                    heapq.heappush(ready, j)
+        if len(order) < n:
+            left = {i for i in range(n) if indegree[i] > 0}
+            raise ConstraintCycleError([passes[i].name for i in _find_cycle(succ, left)])
+        return [passes[i] for i in order]
+
+    # ----- text -------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, spec: str, registry: Any = None) -> Pipeline:
+        """Build a pipeline from text, e.g. ``"remove_assert_ops,fixpoint(cse,dce)"``."""
+        from .spec import build_pipeline
+
+        return build_pipeline(spec, registry)
+
+    @property
+    def body_spec(self) -> str:
+        """The passes as a spec, without this pipeline's own name around them."""
+        return ",".join(p.spec for p in self.passes)
+
+    @property
+    def spec(self) -> str:
+        own = getattr(self, "_fxpass_spec", None)
+        return own or f"pipeline({self.body_spec})"
+
+    def __str__(self) -> str:
+        return getattr(self, "_fxpass_spec", None) or self.body_spec
+
+    def __repr__(self) -> str:
+        return f"Pipeline({str(self)!r})"
+
+    def __len__(self) -> int:
+        return len(self._passes)
+
+    def __iter__(self) -> Iterator[Pass]:
+        return iter(self.passes)
+
+    # ----- running ----------------------------------------------------------------------
+    def __call__(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
+        return self.run(gm, sample_inputs, **kw)
+
+    def run(
+        self,
+        gm: fx.GraphModule,
+        sample_inputs: Sequence[Any] | None = None,
+        *,
+        instrument: Iterable[Instrumentation] = (),
+        debug_counter: DebugCounter | None = None,
+    ) -> PassResult:
+        """Run the pipeline on ``gm``; returns a :class:`PassResult` with a ``report``.
+
+        ``sample_inputs`` reach lowering passes ``(gm, sample_inputs)``; ``debug_counter``
+        limits how many rewrites the run may make (see :class:`~fxpass.DebugCounter`).
+        """
+        if not isinstance(gm, fx.GraphModule):
+            raise TypeError(
+                f"Pipeline.run expects a torch.fx.GraphModule, got {type(gm).__name__}; "
+                "capture the model first (torch.export.export, torch.fx.symbolic_trace), "
+                "or use fxpass.apply, which also takes an ExportedProgram"
+            )
+        outer = current_context()
+        if outer is not None:  # called from inside a pass of another run: join it
+            new_gm, modified = self._run_nested(gm, outer, None)
+            return PassResult(new_gm, modified)
+        instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
+        ctx = PassContext(
+            sample_inputs=sample_inputs, instruments=instruments, debug_counter=debug_counter
+        )
+        ctx.recompiler = DeferredRecompile()
+        root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
+        report = Report(root=root, suppressed=ctx.suppressed)
+        snapshot = GraphSnapshot.take(gm)
+        ctx.recompiler.install(gm)
+        new_gm = gm
+        t0 = time.perf_counter()
+        try:
+            with _activate(ctx):
+                for inst in instruments:
+                    inst.before_pipeline(self, gm, ctx)
+                _run_checks([self], gm, ctx, "(input)")
+                new_gm, modified = self._run_nested(gm, ctx, root)
+        except PassFailedError as err:
+            ctx.recompiler.finish(recompile=False)
+            edited = snapshot.restore()
+            root.seconds = time.perf_counter() - t0
+            root.status = "failed"
+            root.nodes_after = len(gm.graph.nodes)
+            report.error = str(err).split("\n", 1)[0]
+            if edited:
+                err.args = (
+                    f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
+                    f"{', '.join(edited)}",
+                )
+            with _activate(ctx):
+                for inst in instruments:
+                    inst.after_pipeline(self, gm, report, ctx)
+            err.report = report
+            raise
+        except BaseException:
+            ctx.recompiler.finish(recompile=False)
+            snapshot.restore()
+            raise
+        ctx.recompiler.finish()
+        root.seconds = time.perf_counter() - t0
+        root.modified = modified
+        root.runs = 1
+        root.nodes_after = len(new_gm.graph.nodes)
+        with _activate(ctx):
+            for inst in instruments:
+                inst.after_pipeline(self, new_gm, report, ctx)
+        stats = report.stats()
+        return PassResult(new_gm, modified, stats, report=report)
+
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
+        new_gm, modified = self._run_nested(gm, ctx, ctx.record)
+        return PassResult(new_gm, modified)
+
+    def _run_nested(self, gm, ctx, record: PassRecord | None) -> tuple[fx.GraphModule, bool]:
+        ctx.checks.append(self)
+        try:
+            return self._run_body(gm, ctx, record)
+        finally:
+            ctx.checks.pop()
+
+    def _run_body(self, gm, ctx, record):
+        modified = False
+        for p in self.passes:
+            gm, changed = _run_pass(p, gm, ctx, record)
+            modified |= changed
+        return gm, modified
+
+
+class Fixpoint(Pipeline):
+    """Run passes in rounds until a round changes nothing, at most ``max_iterations`` rounds.
+
+    If the last allowed round still changed the graph, ``strict=True`` raises
+    :class:`~fxpass.NonConvergenceError` (and the run rolls back); otherwise the report notes
+    that the fixpoint did not converge.
+    """
+
+    name = "fixpoint"
+
+    def __init__(self, passes: Iterable[Any] = (), *, max_iterations: int = 10, strict=False, **kw):
+        if max_iterations < 1:
+            raise ValueError(f"max_iterations must be at least 1, not {max_iterations}")
+        super().__init__(passes, **kw)
+        self.max_iterations = max_iterations
+        self.strict = strict
+
+    @property
+    def spec(self) -> str:
+        own = getattr(self, "_fxpass_spec", None)
+        if own:
+            return own
+        opts = []
+        if self.max_iterations != 10:
+            opts.append(f"max_iterations={self.max_iterations}")
+        if self.strict:
+            opts.append("strict=true")
+        braces = "{" + " ".join(opts) + "}" if opts else ""
+        return f"fixpoint{braces}({self.body_spec})"
+
+    def __str__(self) -> str:
+        return self.spec
+
+    def _run_body(self, gm, ctx, record):
+        passes = self.passes
+        records: list[PassRecord | None] = [None] * len(passes)
+        modified = False
+        for iteration in range(1, self.max_iterations + 1):
+            round_changed = False
+            for i, p in enumerate(passes):
+                gm, changed, records[i] = _run_pass(p, gm, ctx, record, records[i], keep=True)
+                round_changed |= changed
+            modified |= round_changed
+            if record is not None:
+                record.stats["iterations"] = iteration
+            if not round_changed:
+                return gm, modified
+        msg = (
+            f"fixpoint({self.body_spec}) still changed the graph after "
+            f"{self.max_iterations} iterations"
+        )
+        if self.strict:
+            raise PassFailedError(self.name, ctx.ran, NonConvergenceError(msg))
+        if self._quiet_limit:
+            return gm, modified
+        if record is not None:
+            record.notes.append(msg)
+        warnings.warn(f"fxpass: {msg}", stacklevel=2)
+        return gm, modified
+
+
+def fixpoint(*passes: Any, max_iterations: int = 10, strict: bool = False) -> Fixpoint:
+    """A :class:`Fixpoint` over ``passes``: ``fixpoint(cse, dce, max_iterations=5)``."""
+    if len(passes) == 1 and isinstance(passes[0], (list, tuple)):
+        passes = tuple(passes[0])
+    return Fixpoint(passes, max_iterations=max_iterations, strict=strict)
+
+
+def _is_enabled(p: Pass) -> bool:
+    from .registry import REGISTRY
+
+    return REGISTRY.is_enabled(p.name)
+
+
+def _interpret(p: Pass, ret: Any, gm: fx.GraphModule, record: PassRecord):
+    """(module after the pass, what the pass claimed about modification or None)."""
+    if isinstance(ret, tuple) and hasattr(ret, "graph_module"):  # torch or fxpass PassResult
+        for key, value in getattr(ret, "stats", {}).items():
+            record.stats[key] = record.stats.get(key, 0) + value
+        return ret.graph_module, bool(ret.modified)
+    if isinstance(ret, bool):
+        return gm, ret
+    if ret is None:
+        return gm, None
+    if isinstance(ret, fx.GraphModule):
+        return ret, None
+    raise TypeError(
+        f"pass '{p.name}' returned {type(ret).__name__}; a pass returns a bool, None, "
+        "a PassResult or a GraphModule"
+    )
+
+
+def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=False):
+    """Run one pass inside a run; returns (module, modified) or, with keep, also the record."""
+    fresh = record is None
+    if fresh:
+        record = PassRecord(name=p.name, spec=p.spec, nodes_before=len(gm.graph.nodes))
+        if parent is not None:
+            parent.children.append(record)
+    if not _is_enabled(p):
+        record.status = "skipped"
+        record.notes = ["disabled in the registry"]
+        return (gm, False, record) if keep else (gm, False)
+    before = ctx.fp[1] if ctx.fp is not None and ctx.fp[0] is gm else fingerprint(gm)
+    ctx.records.append(record)
+    ctx.pass_path.append(p.name)
+    for inst in ctx.instruments:
+        inst.before_pass(record, gm, ctx)
+    if p.needs_code:
+        ctx.recompiler.ensure_code(gm)
+    t0 = time.perf_counter()
+    try:
+        ret = p.execute(gm, ctx)
+        new_gm, claimed = _interpret(p, ret, gm, record)
+    except PassFailedError as e:
+        record.seconds += time.perf_counter() - t0
+        record.status = "failed"
+        record.error = record.error or str(e).split("\n", 1)[0]
+        raise
+    except Exception as e:
+        record.seconds += time.perf_counter() - t0
+        record.status = "failed"
+        record.error = f"{type(e).__name__}: {e}"
+        for inst in ctx.instruments:
+            inst.on_failure(record, gm, e, ctx)
+        raise PassFailedError(p.name, ctx.ran, e) from e
+    finally:
+        ctx.records.pop()
+        ctx.pass_path.pop()
+    record.seconds += time.perf_counter() - t0
+    record.runs += 1
+    if new_gm is not gm:
+        ctx.recompiler.install(new_gm)
+        changed = True
+        after = fingerprint(new_gm)
+    else:
+        after = fingerprint(gm)
+        structural = not same_fingerprint(before, after)
+        changed = structural if claimed is None else (claimed or structural)
+        if claimed is False and structural:
+            note = "said it did not change the graph, but it did"
+            if note not in record.notes:
+                record.notes.append(note)
+    ctx.fp = (new_gm, after)
+    record.modified |= changed
+    record.nodes_after = len(new_gm.graph.nodes)
+    if not isinstance(p, Pipeline):
+        ctx.ran.append(p.name)
+    for inst in ctx.instruments:
+        inst.after_pass(record, new_gm, ctx)
+    if changed:
+        ctx.recompiler.mark_stale(new_gm)
+    if not isinstance(p, Pipeline):
+        pipelines = ctx.checks if changed else [c for c in ctx.checks if c._check_every_pass]
+        if pipelines:
+            try:
+                _run_checks(pipelines, new_gm, ctx, p.name)
+            except CheckFailedError as e:
+                record.status = "failed"
+                record.error = str(e).split("\n", 1)[0]
+                for inst in ctx.instruments:
+                    inst.on_failure(record, new_gm, e, ctx)
+                raise
+    return (new_gm, changed, record) if keep else (new_gm, changed)
+
+
+def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, after: str) -> None:
+    """Run the lint and user checks of ``pipelines`` on ``gm`` (after pass ``after``)."""
+    for pipe in pipelines:
+        if not pipe.run_checks_after_each_pass:
+            continue
+        checks: list[tuple[str, Check]] = []
+        if pipe.lint:
+            checks.append(("lint", lambda g: g.graph.lint()))
+        checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
+        for check_name, check in checks:
+            try:
+                if check(gm) is False:
+                    raise AssertionError("the check returned False")
+            except Exception as e:
+                if not pipe.suppress_check_failures:
+                    raise CheckFailedError(after, check_name, ctx.ran, e) from e
+                where = "on the input" if after == "(input)" else f"after pass '{after}'"
+                msg = f"check '{check_name}' failed {where}: {type(e).__name__}: {e}"
+                ctx.suppressed.append(msg)
+                warnings.warn(f"fxpass: suppressed {msg}", stacklevel=2)
+
+
+def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
+    """One cycle among ``left``: each of them still has a predecessor in ``left``."""
+    pred: dict[int, int] = {}
+    for i in sorted(left):
+        for j in succ[i]:
+            if j in left:
+                pred.setdefault(j, i)
+    node, seen, path = min(left), {}, []
+    while node not in seen:
+        seen[node] = len(path)
+        path.append(node)
+        node = pred[node]
+    cycle = path[seen[node] :]
+    return cycle[::-1]

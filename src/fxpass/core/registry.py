@@ -1,0 +1,404 @@
+"""Named passes with typed options, ordered pass lists, and plug-ins from entry points.
+
+>>> import fxpass as fp
+>>> @fp.register("drop_dropout")
+... def drop_dropout(gm, *, p: float = 0.0) -> bool:
+...     '''Remove eval-mode dropout.'''
+...     ...
+
+``fp.registry.names()`` lists every registered pass, ``fp.registry.create("cse")`` makes one,
+``fp.Pipeline.parse("drop_dropout{p=0.1}")`` uses the options. Third-party packages register
+passes through the ``fxpass.passes`` entry-point group (a module that registers passes when
+imported, or a pass object registered under the entry point's name).
+
+Pass lists are ordered lists of registered names, like Torch-TensorRT's ATen lowering list:
+``@fp.register("my_pass", index=0)`` inserts into the ``default`` list (the pipeline the
+demo, the backend and the CLI run when given no spec), ``pass_list="name"`` picks another,
+and :meth:`PassList.dump`, :meth:`PassList.remove`, :meth:`PassList.apply` do the rest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from torch import fx
+
+from .contract import FunctionPass, Pass, PassResult, _is_lowering
+from .errors import OptionError, UnknownPassError
+from .options import Option, _Mismatch, format_value, options_of
+
+__all__ = ["REGISTRY", "PassInfo", "PassList", "Registry"]
+
+ENTRY_POINT_GROUP = "fxpass.passes"
+
+
+def _summary(obj: Any) -> tuple[str, str]:
+    doc = inspect.getdoc(obj) or ""
+    return (doc.strip().split("\n\n", 1)[0].replace("\n", " ") if doc else ""), doc
+
+
+def _source(obj: Any) -> str:
+    try:
+        target = inspect.unwrap(obj)
+        return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+    except (TypeError, OSError):
+        return getattr(obj, "__module__", "") or ""
+
+
+@dataclass
+class PassInfo:
+    """A registered pass: how to make it, its options and its documentation."""
+
+    name: str
+    factory: Callable[..., Pass]
+    options: dict[str, Option] = field(default_factory=dict)
+    summary: str = ""
+    doc: str = ""
+    source: str = ""
+    origin: str = "fxpass"
+    takes_pipeline: bool = False
+    statistics: Mapping[str, str] = field(default_factory=dict)
+
+    def create(
+        self,
+        options: Mapping[str, Any] | None = None,
+        children: Sequence[Any] | None = None,
+        *,
+        spec: str | None = None,
+    ) -> Pass:
+        """Make the pass with ``options`` (validated); ``spec`` overrides how it prints."""
+        options = dict(options or {})
+        for key in options:
+            if key not in self.options:
+                raise _Mismatch(self._unknown_option(key))
+        values = {}
+        for key, opt in self.options.items():
+            if key in options:
+                values[key] = opt.convert(options[key])
+            elif opt.required:
+                raise _Mismatch(
+                    f"pass '{self.name}' needs option '{key}' ({opt.type_name}): "
+                    f"write {self.name}{{{key}=...}}"
+                )
+        if self.takes_pipeline:
+            p = self.factory(list(children or ()), **values)
+        elif children is not None:
+            raise _Mismatch(f"pass '{self.name}' does not take a nested pipeline")
+        else:
+            p = self.factory(**values)
+        if spec is None:
+            spec = self.name
+            if options:
+                spec += "{" + " ".join(f"{k}={format_value(v)}" for k, v in values.items()) + "}"
+            if self.takes_pipeline:
+                spec += "(" + ",".join(_as_pass_spec(c) for c in children or ()) + ")"
+        p._fxpass_spec = spec
+        p.name = self.name
+        return p
+
+    def _unknown_option(self, key: str) -> str:
+        if not self.options:
+            return f"pass '{self.name}' takes no options, but got '{key}'"
+        known = ", ".join(o.describe() for o in self.options.values())
+        close = difflib.get_close_matches(key, list(self.options), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"pass '{self.name}' has no option '{key}'{hint} (its options: {known})"
+
+
+def _as_pass_spec(p: Any) -> str:
+    return p.spec if isinstance(p, Pass) else str(p)
+
+
+class PassList:
+    """An ordered list of registered pass names (Torch-TensorRT's lowering-pass list)."""
+
+    def __init__(self, registry: Registry, name: str) -> None:
+        self.registry = registry
+        self.name = name
+        self._names: list[str] = []
+
+    def insert(self, name: str, index: int | None = None) -> None:
+        """Insert the registered pass ``name`` at ``index`` (the end when None)."""
+        if name not in self.registry._infos:
+            self.registry.get(name)  # raises UnknownPassError with suggestions
+        if index is None:
+            self._names.append(name)
+        else:
+            self._names.insert(index, name)
+
+    def remove(self, key: str | int) -> str:
+        """Remove a pass by name or by index; returns the name removed."""
+        if isinstance(key, int):
+            if not -len(self._names) <= key < len(self._names):
+                raise IndexError(
+                    f"pass list '{self.name}' has {len(self._names)} passes; no index {key}"
+                )
+            return self._names.pop(key)
+        if key not in self._names:
+            raise KeyError(f"pass list '{self.name}' has no pass '{key}'; it has {self._names}")
+        self._names.remove(key)
+        return key
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __iter__(self):
+        return iter(list(self._names))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def pipeline(self) -> Any:
+        """A :class:`~fxpass.Pipeline` of the list's passes, as it stands now."""
+        from .pipeline import Pipeline
+
+        pipe = Pipeline([self.registry.create(n) for n in self._names], name=self.name)
+        return pipe
+
+    def apply(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None) -> PassResult:
+        """Run the list's passes on ``gm`` (Torch-TensorRT's ``apply_lowering_passes``)."""
+        return self.pipeline().run(gm, sample_inputs)
+
+    def dump(self) -> str:
+        """The list as text, one pass per line with its index (``dump_lowering_passes``)."""
+        lines = [f"pass list '{self.name}' ({len(self._names)} passes):"]
+        for i, name in enumerate(self._names):
+            info = self.registry.get(name)
+            state = "" if self.registry.is_enabled(name) else "  [disabled]"
+            lines.append(f"  {i:>3}  {name:<28} {info.summary}{state}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.dump()
+
+
+class Registry:
+    """Names -> pass factories. :data:`REGISTRY` is the one fxpass uses."""
+
+    def __init__(self, *, entry_points: bool = True) -> None:
+        self._infos: dict[str, PassInfo] = {}
+        self._disabled: set[str] = set()
+        self._lists: dict[str, PassList] = {}
+        self._load_entry_points = entry_points
+        self._plugins_loaded = not entry_points
+        self.plugin_errors: list[str] = []
+
+    # ----- registering ------------------------------------------------------------------
+    def register(
+        self,
+        name: str | Callable | None = None,
+        *,
+        index: int | None = None,
+        pass_list: str | None = None,
+        takes_pipeline: bool = False,
+        replace: bool = False,
+        origin: str = "user",
+    ) -> Any:
+        """Register a pass function, :class:`Pass` subclass or pipeline factory under ``name``.
+
+        Use as ``@register``, ``@register("name")`` or ``@register("name", index=0)``. With
+        ``index`` or ``pass_list`` the pass is also inserted into that pass list (``default``
+        when only ``index`` is given). Options come from the signature (see
+        :mod:`fxpass.core.options`). Registering a taken name is an error unless ``replace``.
+        """
+        if callable(name) and not isinstance(name, str):
+            return self.register(None, index=index, pass_list=pass_list, origin=origin)(name)
+
+        def decorate(obj: Any) -> Any:
+            info = self._info_for(obj, name, takes_pipeline, origin)
+            if info.name in self._infos and not replace:
+                raise ValueError(
+                    f"a pass named '{info.name}' is already registered (from "
+                    f"{self._infos[info.name].source}); pick another name or pass replace=True"
+                )
+            self._infos[info.name] = info
+            if index is not None or pass_list is not None:
+                self.pass_list(pass_list or "default").insert(info.name, index)
+            return obj
+
+        return decorate
+
+    def _info_for(self, obj: Any, name: str | None, takes_pipeline: bool, origin: str) -> PassInfo:
+        summary, doc = _summary(obj)
+        if isinstance(obj, type) and issubclass(obj, Pass):
+            pname = name or obj.name
+            factory = obj
+            options = options_of(obj, skip=1 if takes_pipeline else 0)
+        elif isinstance(obj, Pass):  # a ready instance: no options
+            pname = name or obj.name
+            factory = lambda: obj  # noqa: E731
+            options = {}
+        elif callable(obj):
+            pname = name or obj.__name__
+            lowering = _is_lowering(obj)
+            options = options_of(obj, skip=2 if lowering else 1)
+            needs_code = getattr(obj, "needs_code", None)
+
+            def factory(_fn=obj, _name=pname, _low=lowering, **opts):
+                return FunctionPass(_fn, _name, lowering=_low, needs_code=needs_code, options=opts)
+
+        else:
+            raise TypeError(f"cannot register {obj!r}: expected a function or a Pass subclass")
+        return PassInfo(
+            name=pname,
+            factory=factory,
+            options=options,
+            summary=summary,
+            doc=doc,
+            source=_source(obj),
+            origin=origin,
+            takes_pipeline=takes_pipeline,
+            statistics=dict(getattr(obj, "statistics", {}) or {}),
+        )
+
+    def unregister(self, name: str) -> PassInfo:
+        """Forget a registered pass (and drop it from every pass list)."""
+        info = self.get(name)
+        del self._infos[name]
+        for plist in self._lists.values():
+            while name in plist:
+                plist.remove(name)
+        return info
+
+    # ----- looking up -------------------------------------------------------------------
+    def _ensure_plugins(self) -> None:
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = getattr(getattr(ep, "dist", None), "name", "?")
+            try:
+                obj = ep.load()
+                if not inspect.ismodule(obj) and ep.name not in self._infos:
+                    self.register(ep.name, origin=f"plugin {dist}")(obj)
+            except Exception as e:  # a broken plug-in must not break fxpass
+                msg = (
+                    f"could not load pass plug-in '{ep.name}' ({ep.value}) from "
+                    f"distribution '{dist}': {type(e).__name__}: {e}"
+                )
+                self.plugin_errors.append(msg)
+                warnings.warn(f"fxpass: {msg}", stacklevel=3)
+
+    def names(self) -> list[str]:
+        """Every registered pass name, sorted."""
+        self._ensure_plugins()
+        return sorted(self._infos)
+
+    def __contains__(self, name: object) -> bool:
+        self._ensure_plugins()
+        return name in self._infos
+
+    def get(self, name: str) -> PassInfo:
+        """The :class:`PassInfo` of ``name``; an unknown name suggests the closest ones."""
+        self._ensure_plugins()
+        try:
+            return self._infos[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, list(self._infos), n=3, cutoff=0.6)
+            raise UnknownPassError(name, close) from None
+
+    def create(self, name: str, children: Sequence[Any] | None = None, **options: Any) -> Pass:
+        """Make the pass registered as ``name`` with ``options``."""
+        info = self.get(name)
+        try:
+            return info.create(options, children)
+        except _Mismatch as e:
+            raise OptionError(str(e), name, 1) from None
+
+    def infos(self) -> list[PassInfo]:
+        return [self._infos[n] for n in self.names()]
+
+    # ----- enabling ---------------------------------------------------------------------
+    def disable(self, name: str) -> None:
+        """Skip this pass wherever it appears (runs report it as skipped)."""
+        self.get(name)
+        self._disabled.add(name)
+
+    def enable(self, name: str) -> None:
+        self.get(name)
+        self._disabled.discard(name)
+
+    def is_enabled(self, name: str) -> bool:
+        return name not in self._disabled
+
+    # ----- pass lists -------------------------------------------------------------------
+    def pass_list(self, name: str = "default") -> PassList:
+        """The pass list called ``name`` (made empty on first use)."""
+        if name not in self._lists:
+            self._lists[name] = PassList(self, name)
+        return self._lists[name]
+
+    def dump(self) -> str:
+        """Every registered pass with its options and summary."""
+        lines = []
+        for info in self.infos():
+            opts = ", ".join(o.describe() for o in info.options.values())
+            lines.append(f"{info.name:<28} {info.summary}")
+            if opts:
+                lines.append(f"{'':<28} options: {opts}")
+        return "\n".join(lines)
+
+
+def resolve_import(ref: str) -> Any:
+    """Import ``package.module:attr`` (a pass named by where it is defined)."""
+    module_name, _, attr = ref.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+REGISTRY = Registry()
+
+
+def _register_builtins(reg: Registry) -> None:
+    from .pipeline import Fixpoint, Pipeline
+
+    def fixpoint(passes: list, *, max_iterations: int = 10, strict: bool = False) -> Fixpoint:
+        """Run the nested passes in rounds until a round changes nothing."""
+        return Fixpoint(passes, max_iterations=max_iterations, strict=strict)
+
+    def pipeline(passes: list) -> Pipeline:
+        """A nested pipeline (groups passes, e.g. for constraints or reporting)."""
+        return Pipeline(passes)
+
+    def default() -> Pipeline:
+        """The default pipeline: the passes in the 'default' pass list."""
+        return reg.pass_list("default").pipeline()
+
+    for fn in (fixpoint, pipeline):
+        info = reg._info_for(fn, None, True, "fxpass")
+        info.factory = fn
+        reg._infos[info.name] = info
+    info = reg._info_for(default, None, False, "fxpass")
+    info.factory = default
+    reg._infos["default"] = info
+
+
+_register_builtins(REGISTRY)
+
+
+def register(
+    name: str | Callable | None = None,
+    *,
+    index: int | None = None,
+    pass_list: str | None = None,
+    replace: bool = False,
+) -> Any:
+    """Register a pass in fxpass's registry (see :meth:`Registry.register`)."""
+    return REGISTRY.register(name, index=index, pass_list=pass_list, replace=replace)
+
+
+def _builtin(name: str, *, index: int | None = None, pass_list: str | None = None):
+    """Register one of fxpass's own passes."""
+    return REGISTRY.register(name, index=index, pass_list=pass_list, origin="fxpass")

@@ -1,0 +1,224 @@
+"""Cheap, exact rollback of a GraphModule, and cheap detection of whether a pass changed it.
+
+Copying a graph (``Graph.graph_copy``) costs about 0.4x a recompile and creates new Node
+objects, so a restored copy is not the user's graph "node for node". Instead a
+:class:`GraphSnapshot` journals the state of every existing node (its links, arguments,
+users, metadata, name) and of the modules around the graph, and :meth:`GraphSnapshot.restore`
+writes that state back into the very same objects. Nodes a pass created simply fall out of
+the list; nodes it erased are re-linked.
+
+Tensor *data* is not copied: a pass that edits a parameter in place cannot be undone, and
+:meth:`GraphSnapshot.restore` says so by returning the names of such tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.graph import _FindNodesLookupTable
+
+__all__ = ["GraphSnapshot", "fingerprint"]
+
+_set = object.__setattr__  # bypass Node.__setattr__'s hook and lookup-table bookkeeping
+
+
+class _GraphState:
+    __slots__ = ("co_fields", "codegen", "graph", "insert", "length", "namespace", "nodes")
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.nodes = [
+            (
+                n,
+                n.name,
+                n.op,
+                n.target,
+                n.type,
+                n._args,
+                n._kwargs,
+                dict(n._input_nodes),
+                dict(n.users),
+                n.meta,
+                dict(n.meta),
+                n._sort_key,
+                n._repr_fn,
+            )
+            for n in graph.nodes
+        ]
+        ns = graph._graph_namespace
+        self.namespace = (dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count))
+        self.length = graph._len
+        self.insert = graph._insert
+        self.codegen = graph._codegen
+        self.co_fields = dict(getattr(graph, "_co_fields", {}))
+
+    def restore(self) -> None:
+        graph = self.graph
+        root = graph._root
+        table = _FindNodesLookupTable()
+        prev = root
+        for (
+            n,
+            name,
+            op,
+            target,
+            typ,
+            args,
+            kwargs,
+            inputs,
+            users,
+            meta,
+            saved_meta,
+            key,
+            repr_fn,
+        ) in self.nodes:
+            _set(n, "_prev", prev)
+            _set(prev, "_next", n)
+            _set(n, "name", name)
+            _set(n, "op", op)
+            _set(n, "target", target)
+            _set(n, "type", typ)
+            _set(n, "_args", args)
+            _set(n, "_kwargs", kwargs)
+            _set(n, "_input_nodes", inputs)
+            _set(n, "users", users)
+            _set(n, "_sort_key", key)
+            _set(n, "_repr_fn", repr_fn)
+            _set(n, "_erased", False)
+            _set(n, "graph", graph)
+            _set(n, "meta", meta)
+            meta.clear()
+            meta.update(saved_meta)
+            table.insert(n)
+            prev = n
+        _set(prev, "_next", root)
+        _set(root, "_prev", prev)
+        ns = graph._graph_namespace
+        ns._obj_to_name, ns._used_names, ns._base_count = (
+            dict(self.namespace[0]),
+            set(self.namespace[1]),
+            dict(self.namespace[2]),
+        )
+        graph._len = self.length
+        graph._insert = self.insert
+        graph._codegen = self.codegen
+        graph._co_fields = dict(self.co_fields)
+        graph._find_nodes_lookup_table = table
+
+
+class _ModuleState:
+    __slots__ = ("attrs", "buffers", "module", "modules", "non_persistent", "parameters")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.attrs = dict(module.__dict__)
+        self.modules = dict(module._modules)
+        self.parameters = dict(module._parameters)
+        self.buffers = dict(module._buffers)
+        self.non_persistent = set(module._non_persistent_buffers_set)
+
+    def restore(self) -> None:
+        m = self.module
+        m.__dict__.clear()
+        m.__dict__.update(self.attrs)
+        for live, saved in (
+            (m._modules, self.modules),
+            (m._parameters, self.parameters),
+            (m._buffers, self.buffers),
+        ):
+            live.clear()
+            live.update(saved)
+        m._non_persistent_buffers_set.clear()
+        m._non_persistent_buffers_set.update(self.non_persistent)
+
+
+# Attributes recompile() sets on a GraphModule's own per-instance class.
+_CODE_CLASS_ATTRS = ("forward", "_wrapped_call", "__call__")
+
+
+class GraphSnapshot:
+    """The state of a GraphModule (and of the graphs and modules inside it), restorable.
+
+    >>> snap = GraphSnapshot.take(gm)      # doctest: +SKIP
+    >>> ...                                # any pass edits gm, then raises
+    >>> snap.restore()                     # gm is node for node what it was
+    """
+
+    __slots__ = ("_classes", "_graphs", "_modules", "_versions", "gm")
+
+    def __init__(self, gm: torch.nn.Module) -> None:
+        self.gm = gm
+        modules = list(gm.modules())
+        self._modules = [_ModuleState(m) for m in modules]
+        self._graphs = [
+            _GraphState(m.__dict__["_graph"])
+            for m in modules
+            if isinstance(m, fx.GraphModule) and "_graph" in m.__dict__
+        ]
+        self._classes = [
+            (cls, {a: cls.__dict__[a] for a in _CODE_CLASS_ATTRS if a in cls.__dict__})
+            for cls in {type(m) for m in modules if isinstance(m, fx.GraphModule)}
+        ]
+        self._versions = {
+            name: (t, t._version) for name, t in _named_tensors(gm) if not _is_fake(t)
+        }
+
+    @classmethod
+    def take(cls, gm: torch.nn.Module) -> GraphSnapshot:
+        """Journal ``gm`` so that :meth:`restore` can put it back."""
+        return cls(gm)
+
+    def restore(self) -> list[str]:
+        """Put the module back as it was; return names of tensors edited in place (not undone)."""
+        for state in self._modules:
+            state.restore()
+        for state in self._graphs:
+            state.restore()
+            owner = state.graph.owning_module
+            if owner is not None and owner.__dict__.get("_graph") is not state.graph:
+                state.graph.owning_module = None
+        for m in self.gm.modules():
+            if isinstance(m, fx.GraphModule):
+                m.__dict__["_graph"]._owning_module = m
+        for cls, attrs in self._classes:
+            for name, value in attrs.items():
+                setattr(cls, name, value)
+        return [name for name, (t, version) in self._versions.items() if t._version != version]
+
+
+def _named_tensors(gm: torch.nn.Module):
+    seen: set[int] = set()
+    for name, t in [*gm.named_parameters(), *gm.named_buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield name, t
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    return isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta"
+
+
+def fingerprint(gm: torch.nn.Module) -> Any:
+    """A value that compares equal exactly when the graph's structure is unchanged.
+
+    It holds every node with its name, target and (identical or equal) arguments, so comparing
+    two fingerprints is one C-level list comparison. Metadata edits do not count as changes.
+    """
+    graph = gm.graph
+    return (
+        id(graph),
+        [(n, n.name, n.op, n.target, n._args, n._kwargs) for n in graph.nodes],
+        tuple(gm._modules),
+        tuple(gm._parameters),
+        tuple(gm._buffers),
+    )
+
+
+def same_fingerprint(a: Any, b: Any) -> bool:
+    """Compare fingerprints; a comparison that cannot decide (tensor arguments) counts as changed."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False

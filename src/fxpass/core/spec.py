@@ -1,0 +1,269 @@
+"""Textual pipelines: ``"remove_assert_ops,fuse_add_rmsnorm{eps=1e-6},fixpoint(cse,dce)"``.
+
+Grammar (spaces are allowed around the punctuation)::
+
+    pipeline := element ("," element)*
+    element  := NAME options? ("(" pipeline ")")?
+    options  := "{" (KEY "=" value)* "}"      options separated by spaces or commas
+    value    := WORD | "quoted string" | "[" value ("," value)* "]"
+
+``NAME`` is a registered pass (``fxpass list`` shows them) or ``package.module:function`` for
+a pass that is not registered. Passes that take a nested pipeline (``fixpoint``,
+``pipeline``) take one in parentheses. ``str()`` of the parsed pipeline prints the spec back:
+options in ``{a=1 b=2}`` form with their values as written.
+
+Every error is a :class:`~fxpass.SpecError` that points at the column where reading stopped;
+an unknown pass name suggests the closest registered names; a bad option value names the
+option and the type it expects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import OptionError, SpecError, UnknownPassError
+from .options import _Mismatch
+
+__all__ = ["Element", "build_pipeline", "parse_spec"]
+
+_NAME_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
+_NAME_CHARS = _NAME_START + "0123456789.-:"
+_STOP = set(" \t\r\n,{}()[]=\"'")
+
+
+@dataclass
+class OptionText:
+    key: str
+    column: int
+    value: str | list[tuple[str, bool]]
+    quoted: bool
+    text: str  # the value exactly as written
+    value_column: int
+
+
+@dataclass
+class Element:
+    """One pass in a parsed spec, with where each part was written (1-based columns)."""
+
+    name: str
+    column: int
+    options: list[OptionText] = field(default_factory=list)
+    children: list[Element] | None = None
+    paren_column: int = 0
+
+    def text(self) -> str:
+        out = self.name
+        if self.options:
+            out += "{" + " ".join(f"{o.key}={o.text}" for o in self.options) + "}"
+        if self.children is not None:
+            out += "(" + ",".join(c.text() for c in self.children) + ")"
+        return out
+
+
+class _Parser:
+    def __init__(self, spec: str) -> None:
+        self.s = spec
+        self.i = 0
+
+    def error(self, message: str, at: int | None = None) -> SpecError:
+        return SpecError(message, self.s, (self.i if at is None else at) + 1)
+
+    def peek(self) -> str:
+        return self.s[self.i] if self.i < len(self.s) else ""
+
+    def describe(self) -> str:
+        c = self.peek()
+        return f"'{c}'" if c else "the end of the spec"
+
+    def skip_ws(self) -> None:
+        while self.i < len(self.s) and self.s[self.i].isspace():
+            self.i += 1
+
+    def name(self, what: str) -> tuple[str, int]:
+        self.skip_ws()
+        start = self.i
+        if self.peek() not in _NAME_START or not self.peek():
+            raise self.error(f"expected {what}, got {self.describe()}")
+        while self.i < len(self.s) and self.s[self.i] in _NAME_CHARS:
+            self.i += 1
+        return self.s[start : self.i], start
+
+    def pipeline(self, closing: str | None, open_at: int = 0) -> list[Element]:
+        elements = [self.element()]
+        while True:
+            self.skip_ws()
+            c = self.peek()
+            if c == ",":
+                self.i += 1
+                elements.append(self.element())
+            elif c == closing or (closing is None and not c):
+                return elements
+            elif c == ")" and closing is None:
+                raise self.error("unexpected ')' with no '(' before it")
+            elif not c:
+                raise self.error(f"missing ')' to close the '(' at column {open_at + 1}")
+            else:
+                raise self.error(f"expected ',' between passes, got {self.describe()}")
+
+    def element(self) -> Element:
+        name, col = self.name("a pass name")
+        el = Element(name, col + 1)
+        self.skip_ws()
+        if self.peek() == "{":
+            el.options = self.options()
+            self.skip_ws()
+        if self.peek() == "(":
+            open_at = self.i
+            el.paren_column = open_at + 1
+            self.i += 1
+            self.skip_ws()
+            if self.peek() == ")":
+                raise self.error(f"'{name}(...)' needs at least one pass inside the parentheses")
+            el.children = self.pipeline(")", open_at)
+            if self.peek() != ")":  # pragma: no cover - pipeline() only returns at ')'
+                raise self.error(f"missing ')' to close the '(' at column {open_at + 1}")
+            self.i += 1
+        return el
+
+    def options(self) -> list[OptionText]:
+        open_at = self.i
+        self.i += 1
+        out: list[OptionText] = []
+        while True:
+            self.skip_ws()
+            c = self.peek()
+            if c == "}":
+                self.i += 1
+                return out
+            if not c:
+                raise self.error(f"missing '}}' to close the '{{' at column {open_at + 1}")
+            if out and c == ",":
+                self.i += 1
+                self.skip_ws()
+            key, key_at = self.name("an option name")
+            self.skip_ws()
+            if self.peek() != "=":
+                raise self.error(f"expected '=' after option '{key}', got {self.describe()}")
+            self.i += 1
+            self.skip_ws()
+            value_at = self.i
+            value, quoted = self.value(key)
+            text = self.s[value_at : self.i]
+            if any(o.key == key for o in out):
+                raise self.error(f"option '{key}' is given twice", key_at)
+            out.append(OptionText(key, key_at + 1, value, quoted, text, value_at + 1))
+
+    def value(self, key: str) -> tuple[Any, bool]:
+        c = self.peek()
+        if c == "[":
+            open_at = self.i
+            self.i += 1
+            items: list[tuple[str, bool]] = []
+            self.skip_ws()
+            if self.peek() == "]":
+                self.i += 1
+                return items, False
+            while True:
+                self.skip_ws()
+                items.append(self.scalar(key))
+                self.skip_ws()
+                if self.peek() == ",":
+                    self.i += 1
+                elif self.peek() == "]":
+                    self.i += 1
+                    return items, False
+                elif not self.peek():
+                    raise self.error(f"missing ']' to close the '[' at column {open_at + 1}")
+                else:
+                    raise self.error(f"expected ',' or ']' in a list, got {self.describe()}")
+        return self.scalar(key)
+
+    def scalar(self, key: str) -> tuple[str, bool]:
+        c = self.peek()
+        if c in ("'", '"'):
+            start = self.i
+            self.i += 1
+            while self.i < len(self.s) and self.s[self.i] != c:
+                self.i += 2 if self.s[self.i] == "\\" else 1
+            if self.i >= len(self.s):
+                raise self.error("unterminated string", start)
+            self.i += 1
+            raw = self.s[start : self.i]
+            try:
+                return (json.loads(raw) if c == '"' else raw[1:-1]), True
+            except json.JSONDecodeError as e:
+                raise self.error(f"bad string: {e.msg}", start) from None
+        start = self.i
+        while self.i < len(self.s) and self.s[self.i] not in _STOP:
+            self.i += 1
+        if self.i == start:
+            raise self.error(f"expected a value for option '{key}', got {self.describe()}")
+        return self.s[start : self.i], False
+
+
+def parse_spec(spec: str) -> list[Element]:
+    """Parse spec text into elements (no registry lookups); raises :class:`SpecError`."""
+    if not isinstance(spec, str):
+        raise TypeError(f"a pipeline spec is a string, not {type(spec).__name__}")
+    parser = _Parser(spec)
+    parser.skip_ws()
+    if not parser.peek():
+        return []
+    return parser.pipeline(None)
+
+
+def _build(el: Element, spec: str, registry: Any) -> Any:
+    from .contract import as_pass
+    from .registry import resolve_import
+
+    if ":" in el.name:
+        if el.options or el.children is not None:
+            raise SpecError(
+                f"'{el.name}' names a Python function; it takes no options or nested passes",
+                spec,
+                el.column,
+            )
+        try:
+            p = as_pass(resolve_import(el.name))
+        except Exception as e:
+            raise SpecError(
+                f"cannot import pass '{el.name}': {type(e).__name__}: {e}", spec, el.column
+            ) from None
+        return p
+    try:
+        info = registry.get(el.name)
+    except UnknownPassError as e:
+        raise UnknownPassError(el.name, e.suggestions, spec, el.column) from None
+    if el.children is not None and not info.takes_pipeline:
+        raise SpecError(f"pass '{el.name}' does not take a nested pipeline", spec, el.paren_column)
+    if el.children is None and info.takes_pipeline:
+        raise SpecError(
+            f"'{el.name}' takes a nested pipeline: write {el.name}(pass1,pass2)",
+            spec,
+            el.column + len(el.name),
+        )
+    values: dict[str, Any] = {}
+    for opt in el.options:
+        if opt.key not in info.options:
+            raise OptionError(info._unknown_option(opt.key), spec, opt.column)
+        try:
+            values[opt.key] = info.options[opt.key].parse(opt.value, opt.quoted)
+        except _Mismatch as e:
+            raise OptionError(str(e), spec, opt.value_column) from None
+    children = [_build(c, spec, registry) for c in el.children] if el.children else None
+    try:
+        return info.create(values, children, spec=el.text())
+    except _Mismatch as e:
+        raise OptionError(str(e), spec, el.column) from None
+
+
+def build_pipeline(spec: str, registry: Any = None) -> Any:
+    """Parse ``spec`` and build the :class:`~fxpass.Pipeline` it describes."""
+    from .pipeline import Pipeline
+    from .registry import REGISTRY
+
+    registry = registry or REGISTRY
+    elements = parse_spec(spec)
+    return Pipeline([_build(el, spec, registry) for el in elements])

@@ -1,0 +1,203 @@
+"""A tiny Llama-style decoder, built from a config with random weights.
+
+It is the model the demo, the tests and the benchmarks run on. Real model families spell
+RMSNorm differently, and fusion passes must find every spelling, so ``norm_style`` picks one:
+
+========== ==================================================================================
+style       what the norm computes (``x`` the input, ``w`` the weight)
+========== ==================================================================================
+llama       ``w * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(dtype)`` (Llama, Mistral,
+            Qwen2/3, Phi-3 with ``eps=1e-5``)
+gemma       ``(x.float() * rsqrt(mean(x.float()**2) + eps) * (1 + w.float())).type_as(x)``
+plain       ``x * rsqrt(mean(x**2) + eps) * w``: no float32 upcast, weight last
+========== ==================================================================================
+
+``qk_norm=True`` adds per-head RMSNorms over ``head_dim`` to queries and keys (Qwen3,
+Gemma3), and ``sandwich_norm=True`` adds Gemma's post-attention / post-MLP norms, which
+feed the residual add instead of following it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["DecoderConfig", "RMSNorm", "TinyDecoder", "build_decoder"]
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Shape and flavour of a :class:`TinyDecoder`. The defaults are the anchors' model."""
+
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 4
+    intermediate: int = 128
+    vocab: int = 128
+    seq_len: int = 8
+    batch: int = 1
+    eps: float = 1e-6
+    norm_style: str = "llama"
+    qk_norm: bool = False
+    sandwich_norm: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.norm_style not in ("llama", "gemma", "plain"):
+            raise ValueError(
+                f"norm_style must be 'llama', 'gemma' or 'plain', not {self.norm_style!r}"
+            )
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def replace(self, **changes) -> DecoderConfig:
+        return dataclasses.replace(self, **changes)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm in one of the spellings real model families use (see the module docstring)."""
+
+    def __init__(self, dim: int, eps: float, style: str) -> None:
+        super().__init__()
+        self.eps = eps
+        self.style = style
+        init = torch.zeros(dim) if style == "gemma" else torch.ones(dim)
+        self.weight = nn.Parameter(init + 0.1 * torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.style == "plain":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.style == "gemma":
+            return (h * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden, cfg.heads * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.eps, cfg.norm_style)
+            self.k_norm = RMSNorm(d, cfg.eps, cfg.norm_style)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, cfg.heads, cfg.head_dim)
+        k = self.k_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim)
+        v = self.v_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cfg.kv_heads != cfg.heads:
+            rep = cfg.heads // cfg.kv_heads
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, cfg.hidden))
+
+
+class _MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.input_layernorm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
+        self.self_attn = _Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
+        self.mlp = _MLP(cfg)
+        if cfg.sandwich_norm:
+            self.post_attn_out_norm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
+            self.post_mlp_out_norm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), cos, sin)
+        if self.cfg.sandwich_norm:
+            h = self.post_attn_out_norm(h)
+        x = x + h
+        h = self.mlp(self.post_attention_layernorm(x))
+        if self.cfg.sandwich_norm:
+            h = self.post_mlp_out_norm(h)
+        return x + h
+
+
+class TinyDecoder(nn.Module):
+    """A Llama-style decoder-only transformer: token ids in, logits out."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleList(_DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        d = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2).float() / d))
+        freqs = torch.outer(torch.arange(cfg.seq_len).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("rope_cos", emb.cos(), persistent=False)
+        self.register_buffer("rope_sin", emb.sin(), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        s = input_ids.shape[1]
+        cos = self.rope_cos[:s].to(x.dtype)
+        sin = self.rope_sin[:s].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+    def example_inputs(self, seed: int = 0) -> tuple[torch.Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, self.cfg.vocab, (self.cfg.batch, self.cfg.seq_len), generator=gen)
+        return (ids,)
+
+
+def build_decoder(cfg: DecoderConfig | None = None, *, seed: int = 0, **overrides) -> TinyDecoder:
+    """Build a :class:`TinyDecoder` in eval mode with seeded random weights.
+
+    >>> model = build_decoder(layers=1)
+    >>> model(*model.example_inputs()).shape
+    torch.Size([1, 8, 128])
+    """
+    cfg = (cfg or DecoderConfig()).replace(**overrides) if overrides else (cfg or DecoderConfig())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = TinyDecoder(cfg)
+    return model.to(cfg.dtype).eval()

@@ -1,0 +1,1 @@
+"""fxpass's cleanup passes; importing this package registers them."""

@@ -1,0 +1,1 @@
+"""fxpass's functional passes; importing this package registers them."""

@@ -1,0 +1,1 @@
+"""fxpass's fusion passes; importing this package registers them."""

@@ -1,0 +1,1 @@
+"""fxpass's repair passes; importing this package registers them."""

@@ -1,0 +1,36 @@
+"""fxpass's pass registry: ``fxpass.registry.names()``, ``.create(...)``, ``.pass_list(...)``.
+
+The functions here act on the one registry fxpass uses (:data:`REGISTRY`); see
+:mod:`fxpass.core.registry` for the details.
+"""
+
+from __future__ import annotations
+
+from .core.registry import REGISTRY, PassInfo, PassList, Registry, register
+
+__all__ = [
+    "REGISTRY",
+    "PassInfo",
+    "PassList",
+    "Registry",
+    "create",
+    "disable",
+    "dump",
+    "enable",
+    "get",
+    "is_enabled",
+    "names",
+    "pass_list",
+    "register",
+    "unregister",
+]
+
+names = REGISTRY.names
+get = REGISTRY.get
+create = REGISTRY.create
+enable = REGISTRY.enable
+disable = REGISTRY.disable
+is_enabled = REGISTRY.is_enabled
+pass_list = REGISTRY.pass_list
+dump = REGISTRY.dump
+unregister = REGISTRY.unregister

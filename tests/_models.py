@@ -1,0 +1,49 @@
+"""Models the tests share: exported once per session, handed out as fresh copies.
+
+Exporting takes seconds, so every capture here is cached; tests get a deep copy they may
+mutate freely.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+
+from fxpass.models.llama import DecoderConfig, build_decoder
+
+ASSERT = torch.ops.aten._assert_tensor_metadata.default
+
+
+@functools.cache
+def decoder(**overrides) -> torch.nn.Module:
+    return build_decoder(DecoderConfig(**overrides))
+
+
+@functools.cache
+def _exported(decompose: bool, **overrides):
+    model = decoder(**overrides)
+    ep = torch.export.export(model, model.example_inputs())
+    return ep.run_decompositions() if decompose else ep
+
+
+def exported(*, decompose: bool = True, **overrides) -> torch.export.ExportedProgram:
+    """A fresh copy of the exported decoder (core ATen when ``decompose``), asserts kept."""
+    return copy.deepcopy(_exported(decompose, **overrides))
+
+
+def exported_gm(*, decompose: bool = True, remove_asserts: bool = False, **overrides):
+    """A fresh GraphModule of the exported decoder; optionally without export's asserts."""
+    gm = exported(decompose=decompose, **overrides).graph_module
+    if remove_asserts:
+        for node in list(gm.graph.nodes):
+            if node.target is ASSERT:
+                gm.graph.erase_node(node)
+        gm.recompile()
+    return gm
+
+
+def count(gm: torch.fx.GraphModule, target) -> int:
+    """How many call_function nodes call ``target``."""
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
