@@ -1,0 +1,43 @@
+"""Verification: numerics against the original, bisection to the first bad pass or rewrite,
+metadata invariants, and a test harness for pass authors."""
+
+from __future__ import annotations
+
+from .bisect import BisectResult, RewriteInfo, bisect
+from .invariants import MetadataError, check_metadata, require_metadata
+from .numerics import (
+    Comparison,
+    Divergence,
+    NumericsCheck,
+    NumericsError,
+    PassNumerics,
+    compare_outputs,
+    sample_inputs_from_meta,
+    tolerance_for,
+    verify_numerics,
+)
+from .testing import Captured, PassCheck, capture, check_pass, count_ops, op_counts
+
+__all__ = [
+    "BisectResult",
+    "Captured",
+    "Comparison",
+    "Divergence",
+    "MetadataError",
+    "NumericsCheck",
+    "NumericsError",
+    "PassCheck",
+    "PassNumerics",
+    "RewriteInfo",
+    "bisect",
+    "capture",
+    "check_metadata",
+    "check_pass",
+    "compare_outputs",
+    "count_ops",
+    "op_counts",
+    "require_metadata",
+    "sample_inputs_from_meta",
+    "tolerance_for",
+    "verify_numerics",
+]
