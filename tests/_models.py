@@ -44,6 +44,18 @@ def exported_gm(*, decompose: bool = True, remove_asserts: bool = False, **overr
     return gm
 
 
+def lifted_inputs(ep: torch.export.ExportedProgram) -> list[torch.Tensor]:
+    """The parameters, buffers and constants an exported graph takes before the user inputs."""
+    sig = ep.graph_signature
+    out = []
+    for spec in sig.input_specs:
+        if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT:
+            continue
+        source = ep.state_dict if spec.target in ep.state_dict else ep.constants
+        out.append(source[spec.target])
+    return out
+
+
 def count(gm: torch.fx.GraphModule, target) -> int:
     """How many call_function nodes call ``target``."""
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)

@@ -73,6 +73,7 @@ class PassContext:
     ran: list[str] = field(default_factory=list)  # leaf passes that completed, in order
     fp: Any = None  # (module, fingerprint) after the last pass
     suppressed: list[str] = field(default_factory=list)
+    error: Any = None  # the PassFailedError of a failed run, for after_pipeline hooks
 
     @property
     def record(self) -> PassRecord | None:

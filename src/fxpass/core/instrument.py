@@ -63,6 +63,12 @@ def graph_text(gm: fx.GraphModule, style: str = "code") -> str:
     return gm.graph.python_code(root_module="self").src.strip("\n")
 
 
+def _label(record: PassRecord) -> str:
+    """The pass as the user wrote it: its spec, or its name when the spec is an import path."""
+    spec = record.spec or record.name
+    return record.name if ":" in spec.split("{", 1)[0] else spec
+
+
 class PrintIR(Instrumentation):
     """Print the graph around passes, like MLIR's ``-mlir-print-ir-*`` flags.
 
@@ -98,17 +104,17 @@ class PrintIR(Instrumentation):
 
     def before_pass(self, record, gm, ctx):
         if self.before and self._wanted(record):
-            self._print(f"IR before {record.spec or record.name}", gm)
+            self._print(f"IR before {_label(record)}", gm)
 
     def after_pass(self, record, gm, ctx):
         if not self._wanted(record):
             return
         if self.after or (self.after_change and record.modified):
-            self._print(f"IR after {record.spec or record.name}", gm)
+            self._print(f"IR after {_label(record)}", gm)
 
     def on_failure(self, record, gm, error, ctx):
         if self.after_failure and (self.passes is None or record.name in self.passes):
-            self._print(f"IR after failure of {record.spec or record.name}: {error}", gm)
+            self._print(f"IR after failure of {_label(record)}: {error}", gm)
 
 
 class Timing(Instrumentation):

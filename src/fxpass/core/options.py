@@ -166,14 +166,27 @@ def _parse(ann: Any, raw: str | list, quoted: bool, name: str) -> Any:
     return _parse_scalar(ann, raw, quoted, name)
 
 
+def _type_hints(fn: Callable) -> dict[str, Any]:
+    """Annotations resolved to types; an annotation that cannot be resolved stays ``Any``."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        pass
+    namespace = {**vars(__import__("builtins")), **getattr(fn, "__globals__", {})}
+    out = {}
+    for name, ann in getattr(fn, "__annotations__", {}).items():
+        try:
+            out[name] = eval(ann, namespace) if isinstance(ann, str) else ann
+        except Exception:
+            out[name] = Any
+    return out
+
+
 def options_of(fn: Callable, *, skip: int = 0) -> dict[str, Option]:
     """The options a pass function or class declares: parameters after the first ``skip``."""
     target = fn.__init__ if isinstance(fn, type) else fn
     sig = inspect.signature(target)
-    try:
-        hints = typing.get_type_hints(target)
-    except Exception:
-        hints = {}
+    hints = _type_hints(target)
     params = list(sig.parameters.values())
     if isinstance(fn, type):
         params = params[1:]  # self

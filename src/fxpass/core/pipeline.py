@@ -70,10 +70,6 @@ def instrumented(*instruments: Instrumentation) -> Iterator[None]:
         _GLOBAL_INSTRUMENTS.reset(token)
 
 
-def _pass_key(p: Any) -> Any:
-    return p.name if isinstance(p, str) else p
-
-
 class Pipeline(Pass):
     """An ordered list of passes that is itself a pass.
 
@@ -136,7 +132,7 @@ class Pipeline(Pass):
     def add_constraint(self, constraint: Any) -> Pipeline:
         """Add a ``(before, after)`` pair or a torch-style ``constraint(a, b) -> bool``."""
         if isinstance(constraint, tuple) and len(constraint) == 2:
-            constraint = tuple(_pass_key(p) for p in constraint)
+            constraint = tuple(constraint)
         elif not callable(constraint):
             raise TypeError(
                 f"a constraint is a (before, after) pair or a callable (a, b) -> bool, "
@@ -287,10 +283,11 @@ class Pipeline(Pass):
                     f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
                     f"{', '.join(edited)}",
                 )
+            ctx.error = err
+            err.report = report
             with _activate(ctx):
                 for inst in instruments:
                     inst.after_pipeline(self, gm, report, ctx)
-            err.report = report
             raise
         except BaseException:
             ctx.recompiler.finish(recompile=False)
@@ -472,8 +469,6 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
     ctx.fp = (new_gm, after)
     record.modified |= changed
     record.nodes_after = len(new_gm.graph.nodes)
-    if not isinstance(p, Pipeline):
-        ctx.ran.append(p.name)
     for inst in ctx.instruments:
         inst.after_pass(record, new_gm, ctx)
     if changed:
@@ -489,6 +484,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
                 for inst in ctx.instruments:
                     inst.on_failure(record, new_gm, e, ctx)
                 raise
+        ctx.ran.append(p.name)
     return (new_gm, changed, record) if keep else (new_gm, changed)
 
 
@@ -526,5 +522,6 @@ def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
         seen[node] = len(path)
         path.append(node)
         node = pred[node]
-    cycle = path[seen[node] :]
-    return cycle[::-1]
+    cycle = path[seen[node] :][::-1]
+    first = cycle.index(min(cycle))  # start at the earliest pass, for a stable message
+    return cycle[first:] + cycle[:first]

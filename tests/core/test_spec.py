@@ -1,0 +1,135 @@
+"""Textual pipelines: parse -> print round trips, and errors that point at the column."""
+
+from __future__ import annotations
+
+import pytest
+
+import fxpass as fp
+from fxpass.core.registry import Registry, _register_builtins
+from fxpass.core.spec import parse_spec
+
+
+@pytest.fixture(scope="module")
+def reg() -> Registry:
+    reg = Registry(entry_points=False)
+    _register_builtins(reg)
+
+    for name in ("remove_assert_ops", "cse", "dce", "canon"):
+        reg.register(name)(lambda gm: None)
+
+    @reg.register("fuse_add_rmsnorm")
+    def fuse(gm, *, eps: float | None = None, dtypes: list[str] | None = None) -> bool:
+        """Fuse."""
+        return False
+
+    @reg.register("partition")
+    def partition(gm, *, support: str = "", single: bool = False, max_size: int = 0) -> bool:
+        """Partition."""
+        return False
+
+    return reg
+
+
+ROUND_TRIPS = [
+    "",
+    "cse",
+    "cse,dce",
+    "remove_assert_ops,fuse_add_rmsnorm{eps=1e-6},fixpoint(cse,dce)",
+    "fuse_add_rmsnorm{eps=1e-5}",
+    "fuse_add_rmsnorm{eps=none}",
+    "fuse_add_rmsnorm{eps=1e-6 dtypes=[bfloat16,float16]}",
+    "fixpoint{max_iterations=3}(cse,dce)",
+    "fixpoint{max_iterations=4 strict=true}(canon,fixpoint(cse,dce))",
+    "pipeline(cse,dce),canon",
+    'partition{support="aten.add.Tensor,aten.mul.Tensor" single=true}',
+    "partition{max_size=0x10}",
+    "default",
+    f"{__name__}:module_level_pass,cse",
+    "fixpoint(pipeline(fixpoint(cse)),dce)",
+]
+
+
+def module_level_pass(gm):
+    return None
+
+
+@pytest.mark.parametrize("spec", ROUND_TRIPS)
+def test_parse_then_print_gives_back_the_spec(spec, reg):
+    pipe = fp.Pipeline.parse(spec, reg)
+    assert str(pipe) == spec
+    assert str(fp.Pipeline.parse(str(pipe), reg)) == spec
+
+
+def test_option_values_are_typed(reg):
+    pipe = fp.Pipeline.parse(
+        'fuse_add_rmsnorm{eps=1e-6 dtypes=[bfloat16,"float16"]},partition{single=true max_size=12}',
+        reg,
+    )
+    fuse, part = pipe.passes
+    assert fuse.options == {"eps": 1e-6, "dtypes": ["bfloat16", "float16"]}
+    assert part.options == {"single": True, "max_size": 12}
+    fix = fp.Pipeline.parse("fixpoint{max_iterations=3}(cse,dce)", reg).passes[0]
+    assert isinstance(fix, fp.Fixpoint) and fix.max_iterations == 3
+    assert [p.name for p in fix.passes] == ["cse", "dce"]
+
+
+def test_spaces_and_commas_between_options_are_accepted(reg):
+    pipe = fp.Pipeline.parse(" cse , fuse_add_rmsnorm{ eps = 1e-6, dtypes=[a , b] } ", reg)
+    assert str(pipe) == "cse,fuse_add_rmsnorm{eps=1e-6 dtypes=[a , b]}"
+
+
+MALFORMED = [
+    ("cse,,dce", 5, "expected a pass name, got ','"),
+    ("cse dce", 5, "expected ',' between passes, got 'd'"),
+    ("cse,", 5, "expected a pass name, got the end of the spec"),
+    ("fixpoint(cse,dce", 17, "missing ')' to close the '(' at column 9"),
+    ("cse)", 4, "unexpected ')'"),
+    ("fuse_add_rmsnorm{eps=}", 22, "expected a value for option 'eps', got '}'"),
+    ("fuse_add_rmsnorm{eps 1e-6}", 22, "expected '=' after option 'eps'"),
+    ("fuse_add_rmsnorm{eps=1e-6", 26, "missing '}' to close the '{' at column 17"),
+    ("{eps=1}", 1, "expected a pass name, got '{'"),
+    ('partition{support="aten.add}', 19, "unterminated string"),
+    ("fixpoint()", 10, "needs at least one pass inside the parentheses"),
+    ("9cse", 1, "expected a pass name, got '9'"),
+    ("fuse_add_rmsnorm{dtypes=[a,b}", 29, "expected ',' or ']' in a list, got '}'"),
+    ("fuse_add_rmsnorm{eps=1 eps=2}", 24, "option 'eps' is given twice"),
+]
+
+
+@pytest.mark.parametrize(("spec", "column", "message"), MALFORMED)
+def test_malformed_specs_point_at_the_column(spec, column, message):
+    with pytest.raises(fp.SpecError) as err:
+        parse_spec(spec)
+    assert err.value.column == column
+    assert message in err.value.message
+    lines = str(err.value).splitlines()
+    assert lines[1].strip() == spec.strip()
+    assert lines[2].index("^") - 2 == column - 1  # the caret sits under the column
+
+
+SEMANTIC = [
+    ("cse,fuse_add_rmsnrom", 5, fp.UnknownPassError, "did you mean 'fuse_add_rmsnorm'"),
+    ("fuse_add_rmsnorm{eps=abc}", 22, fp.OptionError, "option 'eps' expects float | none"),
+    ("fuse_add_rmsnorm{epz=1}", 18, fp.OptionError, "has no option 'epz'; did you mean 'eps'"),
+    ("partition{single=maybe}", 18, fp.OptionError, "option 'single' expects bool"),
+    ("partition{max_size=1.5}", 20, fp.OptionError, "option 'max_size' expects int"),
+    ("cse(dce)", 4, fp.SpecError, "pass 'cse' does not take a nested pipeline"),
+    ("fixpoint", 9, fp.SpecError, "takes a nested pipeline: write fixpoint(pass1,pass2)"),
+    ("fixpoint{max_iterations=x}(cse)", 25, fp.OptionError, "expects int"),
+    ("cse,no.such.module:fn", 5, fp.SpecError, "cannot import pass 'no.such.module:fn'"),
+    (f"{__name__}:module_level_pass{{a=1}}", 1, fp.SpecError, "takes no options"),
+]
+
+
+@pytest.mark.parametrize(("spec", "column", "error", "message"), SEMANTIC)
+def test_bad_names_and_options_are_reported_at_the_column(spec, column, error, message, reg):
+    with pytest.raises(error) as err:
+        fp.Pipeline.parse(spec, reg)
+    assert err.value.column == column
+    assert message in str(err.value)
+
+
+def test_the_global_registry_is_the_default(llama_gm):
+    with pytest.raises(fp.UnknownPassError):
+        fp.Pipeline.parse("definitely_not_a_pass")
+    assert str(fp.Pipeline.parse("fixpoint(default)")) == "fixpoint(default)"
