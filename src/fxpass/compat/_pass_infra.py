@@ -198,8 +198,9 @@ class _Steps(Fixpoint):
             lint=False,
             run_checks_after_each_pass=manager.run_checks_after_each_pass,
             suppress_check_failures=manager.suppress_check_failures,
-            checks=[lambda m: manager.check(m)],
+            checks=[manager.check],
         )
+        self._check_input = False  # PassManager.__call__ checks the input itself, as torch does
         self._check_every_pass = True
         self._quiet_limit = True
 

@@ -89,6 +89,7 @@ class Pipeline(Pass):
     name = "pipeline"
     _check_every_pass = False  # torch's PassManager checks after unchanged passes too
     _quiet_limit = False  # torch's `steps` is a cap, not a convergence promise
+    _check_input = True
 
     def __init__(
         self,
@@ -269,7 +270,8 @@ class Pipeline(Pass):
             with _activate(ctx):
                 for inst in instruments:
                     inst.before_pipeline(self, gm, ctx)
-                _run_checks([self], gm, ctx, "(input)")
+                if self._check_input:
+                    _run_checks([self], gm, ctx, "(input)")
                 new_gm, modified = self._run_nested(gm, ctx, root)
         except PassFailedError as err:
             ctx.recompiler.finish(recompile=False)

@@ -133,8 +133,7 @@ class Report:
 
     def table(self) -> Table:
         total = self.root.seconds or 1e-12
-        title = f"pipeline {self.spec or self.root.name}"
-        table = Table(title=title, title_justify="left", expand=False)
+        table = Table(expand=False)
         table.add_column("pass")
         table.add_column("changed", justify="center")
         table.add_column("ms", justify="right")
@@ -167,6 +166,7 @@ class Report:
         return table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(f"pipeline: {self.spec or self.root.name}", style="bold")
         yield self.table()
         for line in self.suppressed:
             yield Text(f"suppressed: {line}", style="yellow")
