@@ -1,0 +1,31 @@
+"""The set-up contract: the README's commands are what CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    return re.findall(r"^```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S | re.M)
+
+
+def test_readme_opens_with_the_demo_and_the_test_commands():
+    demo, test = _readme_commands()[:2]
+    assert "pip install torch==2.13.0" in demo and demo.endswith("fxpass demo")
+    assert "pip install torch==2.13.0" in test and "pytest" in test
+    assert "ruff check" in test and "ruff format --check" in test
+
+
+def test_ci_runs_the_readme_test_command():
+    test = _readme_commands()[1]
+    assert test in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_package_requirement_is_a_range_and_dev_installs_pin_torch():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"torch>=2.6"' in pyproject
+    for command in _readme_commands()[:2]:
+        assert "torch==2.13.0" in command
