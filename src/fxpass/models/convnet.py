@@ -13,6 +13,7 @@ torch.Size([2, 10])
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +68,10 @@ class ConvNet(nn.Module):
         self.cfg = cfg
         widths = (cfg.in_channels, *cfg.channels)
         self.blocks = nn.Sequential(
-            *(_Block(a, b, cfg.kernel_size, cfg.inplace_relu) for a, b in zip(widths, widths[1:]))
+            *(
+                _Block(a, b, cfg.kernel_size, cfg.inplace_relu)
+                for a, b in itertools.pairwise(widths)
+            )
         )
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(cfg.channels[-1], cfg.classes)

@@ -1,0 +1,561 @@
+"""ExportedProgram in, ExportedProgram out: run passes without breaking the graph signature.
+
+An ``ExportedProgram`` is a graph plus a contract about it: every placeholder is a parameter,
+buffer, constant, token or user input (``input_specs``, in placeholder order); every output
+is a user output or the new value of a mutated buffer (``output_specs``); parameters and
+buffers live in ``state_dict``, lifted constants in ``constants``. A pass that edits the
+graph by hand breaks that contract. :func:`run_on_program` runs a pipeline on a *copy* of
+the program's graph and then reconciles the contract with what the passes did:
+
+* a tensor a pass added as a ``get_attr`` constant (:func:`add_constant`, or any
+  ``gm.register_buffer`` + ``graph.get_attr``) becomes a lifted ``CONSTANT_TENSOR`` input,
+  with its value in ``constants``;
+* a parameter, buffer or constant input a pass erased (it had no users left, e.g. after
+  folding) leaves the signature, and ``state_dict`` / ``constants`` drop its value;
+* a user input a pass erased is put back (unused), so the program is still called with the
+  same arguments; the report notes it;
+* a mutation output a pass erased (:func:`erase_mutation`, or by editing the output node)
+  leaves ``output_specs``; the buffer is simply no longer written;
+* placeholders and outputs a pass renamed or replaced keep their specs.
+
+The user's program is never edited: the result is a new ``ExportedProgram`` (or the same
+object when nothing changed), built with ``ExportedProgram``'s own constructor, which
+validates it. A pass that fails leaves nothing behind.
+
+Passes reach the program they run on with :func:`program_context` (its parameters' values,
+which placeholder is which), so they never need to touch a spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ConstantArgument,
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
+
+from ..core.errors import FxpassError
+
+__all__ = [
+    "ProgramContext",
+    "SignatureError",
+    "add_constant",
+    "erase_mutation",
+    "load",
+    "program_context",
+    "run_on_program",
+    "save",
+    "value_of",
+]
+
+_MUTATIONS = (
+    OutputKind.TOKEN,
+    OutputKind.BUFFER_MUTATION,
+    OutputKind.PARAMETER_MUTATION,
+    OutputKind.USER_INPUT_MUTATION,
+)
+
+
+class SignatureError(FxpassError):
+    """The passes left a graph that no ExportedProgram signature can describe."""
+
+
+@dataclass
+class _OutSlot:
+    spec: OutputSpec
+    node: Any  # the output value when the slot was last known to be right
+    name: str | None
+
+
+@dataclass
+class ProgramContext:
+    """What a pass running on an ExportedProgram's graph may know about the program.
+
+    ``input_spec(node)`` says what a placeholder is, ``value(node)`` gives the tensor
+    behind a parameter, buffer or constant placeholder. Reach it from a pass with
+    :func:`program_context`.
+    """
+
+    program: ExportedProgram
+    state_dict: dict[str, Any]
+    constants: dict[str, Any]
+    outputs: list[_OutSlot]
+    notes: list[str] = field(default_factory=list)
+    _inputs: dict[str, InputSpec] = field(default_factory=dict)
+
+    @property
+    def signature(self) -> ExportGraphSignature:
+        """The signature of the program as it was before the passes."""
+        return self.program.graph_signature
+
+    def input_spec(self, node: fx.Node | str) -> InputSpec | None:
+        """The input spec of a placeholder (by node or name), None for other nodes."""
+        name = node if isinstance(node, str) else node.name
+        if not isinstance(node, str) and node.op != "placeholder":
+            return None
+        return self._inputs.get(name)
+
+    def value(self, node: fx.Node | str) -> torch.Tensor | None:
+        """The tensor behind a parameter, buffer or constant placeholder; None otherwise."""
+        spec = self.input_spec(node)
+        if spec is None or spec.target is None:
+            return None
+        if spec.target in self.state_dict:
+            return self.state_dict[spec.target]
+        return self.constants.get(spec.target)
+
+    def mutation_outputs(self) -> dict[str, int]:
+        """Mutated target (buffer, parameter, user input) -> its position in the outputs."""
+        return {
+            s.spec.target: i
+            for i, s in enumerate(self.outputs)
+            if s.spec.kind in _MUTATIONS and s.spec.target is not None
+        }
+
+
+_ACTIVE: contextvars.ContextVar[ProgramContext | None] = contextvars.ContextVar(
+    "fxpass_program", default=None
+)
+
+
+def program_context() -> ProgramContext | None:
+    """The ExportedProgram the passes now running belong to (None for a plain GraphModule).
+
+    >>> ctx = program_context()                       # doctest: +SKIP
+    >>> if ctx is not None and ctx.input_spec(node).kind == InputKind.PARAMETER:
+    ...     weight = ctx.value(node)                  # the real tensor
+    """
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def _activate(ctx: ProgramContext) -> Iterator[ProgramContext]:
+    token = _ACTIVE.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _ACTIVE.reset(token)
+
+
+# ----- helpers for passes --------------------------------------------------------------------
+def _owner(gm_or_graph: fx.GraphModule | fx.Graph) -> fx.GraphModule:
+    if isinstance(gm_or_graph, fx.GraphModule):
+        return gm_or_graph
+    gm = getattr(gm_or_graph, "owning_module", None)
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(
+            "add_constant needs a GraphModule (or a Graph that belongs to one) to hold the "
+            f"tensor, got {type(gm_or_graph).__name__}"
+        )
+    return gm
+
+
+def _fake_mode(graph: fx.Graph) -> Any:
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta["val"] for n in graph.nodes if n.op == "placeholder" and "val" in n.meta]
+    return detect_fake_mode(vals) if vals else None
+
+
+def _fake_of(graph: fx.Graph, tensor: torch.Tensor) -> Any:
+    """A fake tensor for ``tensor`` in the graph's fake mode (a fresh mode if it has none)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = _fake_mode(graph) or FakeTensorMode(allow_non_fake_inputs=True)
+    return mode.from_tensor(tensor, static_shapes=True)
+
+
+def _attr_name(gm: fx.GraphModule, name: str) -> str:
+    base = re.sub(r"\W", "_", name).strip("_") or "constant"
+    if base[0].isdigit():
+        base = "_" + base
+    candidate, i = base, 0
+    while hasattr(gm, candidate):
+        i += 1
+        candidate = f"{base}_{i}"
+    return candidate
+
+
+def add_constant(gm: fx.GraphModule | fx.Graph, name: str, tensor: torch.Tensor) -> fx.Node:
+    """Add ``tensor`` to the module as a constant and return a ``get_attr`` node reading it.
+
+    The node is placed after the placeholders (so it comes before every use) and gets
+    ``meta["val"]``. In a plain GraphModule it stays a ``get_attr``; when the passes run on
+    an ExportedProgram it becomes a lifted ``CONSTANT_TENSOR`` input with its value in
+    ``program.constants`` — a pass never edits a spec.
+
+    >>> w = add_constant(gm, "folded_weight", weight.t().contiguous())   # doctest: +SKIP
+    >>> node.replace_input_with(old, w)                                  # doctest: +SKIP
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"add_constant takes a tensor, got {type(tensor).__name__}")
+    module = _owner(gm)
+    graph = module.graph
+    attr = _attr_name(module, name)
+    value = tensor.detach()
+    module.register_buffer(attr, value, persistent=False)
+    first = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    ctx = graph.inserting_before(first) if first is not None else graph.inserting_after()
+    with ctx:
+        node = graph.get_attr(attr)
+    node.meta["val"] = _fake_of(graph, value)
+    return node
+
+
+def value_of(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
+    """The tensor a node stands for when it is a constant: a ``get_attr`` of a tensor, or a
+    parameter / buffer / constant placeholder of the ExportedProgram being transformed."""
+    if node.op == "get_attr":
+        obj: Any = gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part, None)
+        return obj if isinstance(obj, torch.Tensor) else None
+    if node.op == "placeholder":
+        ctx = program_context()
+        return ctx.value(node) if ctx is not None else None
+    return None
+
+
+def erase_mutation(gm: fx.GraphModule, target: str) -> bool:
+    """Stop writing back the mutated buffer / parameter / user input ``target``.
+
+    Removes its value from the graph's outputs (the computation stays until dead-code
+    elimination removes it); returns False when ``target`` is not mutated. Only meaningful
+    while passes run on an ExportedProgram.
+    """
+    ctx = program_context()
+    if ctx is None:
+        raise RuntimeError(
+            "erase_mutation only works on an ExportedProgram's graph: run the pass with "
+            "fxpass.apply(exported_program, ...)"
+        )
+    where = ctx.mutation_outputs().get(target)
+    if where is None:
+        return False
+    out = gm.graph.output_node()
+    values = list(out.args[0])
+    if len(values) != len(ctx.outputs):
+        raise SignatureError(
+            "erase_mutation: the graph's outputs no longer line up with the program's "
+            f"output specs ({len(values)} outputs, {len(ctx.outputs)} specs)"
+        )
+    del values[where]
+    del ctx.outputs[where]
+    out.args = (type(out.args[0])(values), *out.args[1:])
+    return True
+
+
+# ----- running ---------------------------------------------------------------------------------
+def _copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` with its own graph (node meta copied shallowly), sharing tensors."""
+    new = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    new.meta = dict(gm.meta)
+    for name, child in list(new.named_children()):
+        if isinstance(child, fx.GraphModule):  # e.g. branches of cond: passes may edit them
+            setattr(new, name, _copy_module(child))
+    return new
+
+
+def _graph_inputs(ep: ExportedProgram, user_inputs: Sequence[Any] | None) -> list[Any] | None:
+    """One value per placeholder: parameters, buffers and constants, then the user inputs."""
+    if user_inputs is None:
+        if ep.example_inputs is None:
+            return None
+        user_inputs = torch.utils._pytree.tree_leaves(ep.example_inputs)
+    user = iter(user_inputs)
+    values = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            values.append(next(user, None))
+        elif spec.target in ep.state_dict:
+            values.append(ep.state_dict[spec.target])
+        else:
+            values.append(ep.constants.get(spec.target) if spec.target else None)
+    return values
+
+
+def run_on_program(
+    ep: ExportedProgram,
+    pipeline: Any,
+    sample_inputs: Sequence[Any] | None = None,
+    *,
+    instrument: Sequence[Any] = (),
+    debug_counter: Any = None,
+) -> tuple[ExportedProgram, Any]:
+    """Run ``pipeline`` on a copy of ``ep``'s graph; return ``(new_program, pass_result)``.
+
+    ``sample_inputs`` are the program's user inputs (default: ``ep.example_inputs``);
+    lowering passes ``(gm, sample_inputs)`` get one value per graph placeholder.
+    """
+    sig = ep.graph_signature
+    work = _copy_module(ep.graph_module)
+    out_values = list(work.graph.output_node().args[0])
+    ctx = ProgramContext(
+        program=ep,
+        state_dict=dict(ep.state_dict),
+        constants=dict(ep.constants),
+        outputs=[
+            _OutSlot(spec, v, v.name if isinstance(v, fx.Node) else None)
+            for spec, v in zip(sig.output_specs, out_values)
+        ],
+        _inputs={s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")},
+    )
+    with _activate(ctx):
+        result = pipeline.run(
+            work,
+            _graph_inputs(ep, sample_inputs),
+            instrument=instrument,
+            debug_counter=debug_counter,
+        )
+    if not result.modified:
+        return ep, result
+    try:
+        program = _rebuild(ep, ctx, result.graph_module)
+    except SignatureError as e:
+        e.report = result.report
+        raise
+    if result.report is not None:
+        result.report.root.notes.extend(ctx.notes)
+    return program, result
+
+
+# ----- reconciling the signature ---------------------------------------------------------------
+def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> ExportedProgram:
+    graph = gm.graph
+    new_constants = _lift_constants(gm, ctx)
+    input_specs = _reconcile_inputs(ep, ctx, graph, new_constants)
+    output_specs = _reconcile_outputs(ctx, graph)
+    signature = ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
+    _drop_unused_state(ctx, input_specs)
+    graph.lint()
+    from torch.export.exported_program import _get_updated_range_constraints
+
+    try:
+        program = ExportedProgram(
+            root=gm,
+            graph=graph,
+            graph_signature=signature,
+            state_dict=ctx.state_dict,
+            range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
+            module_call_graph=_module_call_graph(ep, signature),
+            example_inputs=ep.example_inputs,
+            constants=ctx.constants,
+            verifiers=list(ep.verifiers),
+        )
+    except Exception as e:
+        raise SignatureError(
+            f"after the passes the graph no longer forms a valid ExportedProgram: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    program.graph_module.meta.update(ep.graph_module.meta)
+    return program
+
+
+def _lift_constants(gm: fx.GraphModule, ctx: ProgramContext) -> list[InputSpec]:
+    """Turn ``get_attr`` nodes of tensors into lifted CONSTANT_TENSOR placeholders."""
+    graph = gm.graph
+    taken = set(ctx.state_dict) | set(ctx.constants)
+    first_user = next(
+        (
+            n
+            for n in graph.nodes
+            if n.op != "placeholder"
+            or getattr(ctx.input_spec(n), "kind", None) == InputKind.USER_INPUT
+        ),
+        None,
+    )
+    lifted: dict[str, fx.Node] = {}
+    specs: list[InputSpec] = []
+    for node in list(graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = value_of(gm, node)
+        if value is None:
+            continue  # a submodule (e.g. a cond branch): stays a get_attr
+        target = str(node.target)
+        if target not in lifted:
+            fqn, i = target, 0
+            while fqn in taken:
+                i += 1
+                fqn = f"{target}_{i}"
+            taken.add(fqn)
+            with graph.inserting_before(first_user):
+                ph = graph.placeholder("c_" + re.sub(r"\W", "_", fqn))
+            ph.target = ph.name
+            ph.meta.update(node.meta)
+            if "val" not in ph.meta:
+                ph.meta["val"] = _fake_of(graph, value)
+            ctx.constants[fqn] = value
+            specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), fqn))
+            lifted[target] = ph
+            ctx.notes.append(f"lifted constant '{fqn}' (input '{ph.name}')")
+        node.replace_all_uses_with(lifted[target])
+        graph.erase_node(node)
+    for target in lifted:
+        _delattr(gm, target)
+    return specs
+
+
+def _delattr(gm: fx.GraphModule, target: str) -> None:
+    *path, last = target.split(".")
+    owner: Any = gm
+    for part in path:
+        owner = getattr(owner, part)
+    delattr(owner, last)
+
+
+def _reconcile_inputs(ep, ctx, graph: fx.Graph, new_constants: list[InputSpec]):
+    by_name = {s.arg.name: s for s in new_constants}
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    others: list[tuple[fx.Node, InputSpec]] = []
+    user: dict[str, fx.Node] = {}
+    for node in placeholders:
+        spec = by_name.get(node.name) or ctx.input_spec(node.name)
+        if spec is None:
+            raise SignatureError(
+                f"a pass added the graph input '{node.name}', but an ExportedProgram's "
+                "inputs are fixed; add tensors with fxpass.targets.export.add_constant"
+            )
+        if spec.kind == InputKind.USER_INPUT:
+            user[node.name] = node
+        else:
+            others.append((node, spec))
+    anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    ordered: list[tuple[fx.Node, InputSpec]] = list(others)
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        node = user.get(spec.arg.name)
+        if node is None:  # a pass erased it: the program still takes the argument
+            node = _restore_placeholder(ep, graph, spec, anchor)
+            ctx.notes.append(f"kept user input '{spec.arg.name}' (a pass erased it; unused)")
+        ordered.append((node, spec))
+    if anchor is not None:
+        for node, _ in ordered:
+            anchor.prepend(node)
+    return [_renamed_input(spec, node) for node, spec in ordered]
+
+
+def _restore_placeholder(ep, graph: fx.Graph, spec: InputSpec, anchor) -> fx.Node:
+    old = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
+    ctx = graph.inserting_before(anchor) if anchor is not None else graph.inserting_after()
+    with ctx:
+        node = graph.placeholder(old.name)
+    if node.name != old.name and all(n.name != old.name for n in graph.nodes):
+        # the erased placeholder still holds its name in the namespace: give it back
+        graph._graph_namespace._used_names.discard(old.name)
+        node._rename(old.name)
+    node.target = old.target
+    node.meta.update(old.meta)
+    return node
+
+
+def _renamed_input(spec: InputSpec, node: fx.Node) -> InputSpec:
+    arg = spec.arg
+    if hasattr(arg, "name") and arg.name != node.name and not isinstance(arg, ConstantArgument):
+        arg = dataclasses.replace(arg, name=node.name)
+    return InputSpec(spec.kind, arg, spec.target, spec.persistent)
+
+
+def _reconcile_outputs(ctx: ProgramContext, graph: fx.Graph) -> list[OutputSpec]:
+    values = list(graph.output_node().args[0])
+    slots = ctx.outputs
+    if len(values) == len(slots):
+        pairs = list(zip(slots, values))
+    else:
+        tail = [s for s in slots if s.spec.kind not in _MUTATIONS]
+        head = [s for s in slots if s.spec.kind in _MUTATIONS]
+        if len(values) < len(tail):
+            raise SignatureError(
+                f"a pass removed a user output: the program returns {len(tail)} values but "
+                f"the graph now has {len(values)} outputs"
+            )
+        split = len(values) - len(tail)
+        pairs = [(_match(head, v), v) for v in values[:split]]
+        pairs += list(zip(tail, values[split:]))
+        erased = [s.spec.target for s in head if all(s is not p[0] for p in pairs)]
+        for target in erased:
+            ctx.notes.append(f"erased the write-back of mutated '{target}'")
+    specs = []
+    for slot, value in pairs:
+        arg = slot.spec.arg
+        if isinstance(value, fx.Node):
+            if not isinstance(arg, ConstantArgument) and arg.name != value.name:
+                arg = dataclasses.replace(arg, name=value.name)
+        elif not isinstance(arg, ConstantArgument):
+            arg = ConstantArgument(name="", value=value)
+        specs.append(OutputSpec(slot.spec.kind, arg, slot.spec.target))
+    return specs
+
+
+def _match(head: list[_OutSlot], value: Any) -> _OutSlot:
+    for s in head:
+        if s.node is value:
+            return s
+    name = getattr(value, "name", None)
+    for s in head:
+        if name is not None and s.name == name:
+            return s
+    raise SignatureError(
+        f"a pass changed the mutation outputs of the program so that output '{name or value}' "
+        "matches no buffer, parameter or input; erase write-backs with "
+        "fxpass.targets.export.erase_mutation"
+    )
+
+
+def _drop_unused_state(ctx: ProgramContext, input_specs: list[InputSpec]) -> None:
+    used = {s.target for s in input_specs if s.target is not None}
+    for store in (ctx.state_dict, ctx.constants):
+        for key in [k for k in store if k not in used]:
+            if any(s.target == key for s in ctx.signature.input_specs):
+                del store[key]
+                ctx.notes.append(f"dropped '{key}' (its input was removed)")
+
+
+def _module_call_graph(ep: ExportedProgram, signature: ExportGraphSignature) -> list[Any]:
+    """The module call graph with the root's input and output names brought up to date."""
+    old_sig = ep.graph_signature
+    rename = dict(zip(old_sig.user_inputs, signature.user_inputs))
+    rename.update(zip(old_sig.user_outputs, signature.user_outputs))
+    entries = copy.deepcopy(ep.module_call_graph)
+    for entry in entries:
+        if entry.signature is None:
+            continue
+        for arg in [*entry.signature.inputs, *entry.signature.outputs]:
+            if getattr(arg, "name", None) in rename and rename[arg.name] is not None:
+                arg.name = rename[arg.name]
+    return entries
+
+
+# ----- files -----------------------------------------------------------------------------------
+def save(program: ExportedProgram, path: str | Path) -> Path:
+    """Save ``program`` as a ``.pt2`` file (``torch.export.save``); returns the path."""
+    path = Path(path)
+    torch.export.save(program, str(path))
+    return path
+
+
+def load(path: str | Path) -> ExportedProgram:
+    """Load a ``.pt2`` file, with fxpass's fused ops registered so programs using them load."""
+    import importlib
+
+    with contextlib.suppress(ImportError):
+        importlib.import_module("fxpass.ops")
+    return torch.export.load(str(path))
