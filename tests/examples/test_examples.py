@@ -31,7 +31,8 @@ EXPECTED = {
     ],
     "sglang_style.py": [
         "torch.ops.fxpass.fused_add_rmsnorm.default",
-        "erase_asserts",
+        "EraseAsserts",
+        "AddRmsNormFuse",
     ],
 }
 

@@ -1,0 +1,28 @@
+"""Every benchmark still runs (with --quick: small sizes). Timings are printed, never asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
+SCRIPTS = sorted(p.name for p in BENCH.glob("[!_]*.py"))
+
+
+def test_benchmarks_exist():
+    assert "pipeline_overhead.py" in SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_runs_quick(script):
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert "ratio" in proc.stdout.lower(), f"{script} printed no ratio:\n{proc.stdout}"
