@@ -1,0 +1,121 @@
+"""The ``fxpass`` command (also ``python -m fxpass``): a thin layer over the library.
+
+Every error is one line on stderr (``error: ...``) with a documented exit code; ``--debug``
+(anywhere on the command line, or ``FXPASS_DEBUG=1``) adds the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+
+import click
+
+from ._common import (
+    EXIT_CODES_HELP,
+    FAILED,
+    INTERNAL,
+    INTERRUPTED,
+    LOAD,
+    NUMERICS,
+    OK,
+    USAGE,
+    CliError,
+    stderr,
+)
+from .commands import bisect_cmd, diff, list_cmd, repro, run, show
+from .demo import demo
+
+__all__ = ["cli", "main"]
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="\b\n" + EXIT_CODES_HELP,
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.version_option(package_name="fxpass", prog_name="fxpass")
+def cli(debug: bool) -> None:
+    """Write, compose, inspect, verify and apply compiler passes on PyTorch FX graphs.
+
+    TARGET is a .pt2 file (torch.export.save), a .fxgraph file, or module:function: a
+    Python function that returns (model, example_inputs), an ExportedProgram or a
+    GraphModule. Loading .pt2 and .fxgraph files runs no code; module:function imports and
+    runs your code, because you asked for it. Color only on a terminal; NO_COLOR is honoured.
+    """
+
+
+for _command in (demo, list_cmd, show, run, diff, bisect_cmd, repro):
+    cli.add_command(_command)
+
+
+def _error(message: str) -> None:
+    console = stderr()
+    console.print("error: ", style="bold red", end="")
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _code_for(e: BaseException) -> tuple[int, str]:
+    from ..core.errors import FxpassError, PassFailedError, SpecError
+    from ..verify.numerics import NumericsError
+    from ._run import spec_error_line
+
+    if isinstance(e, CliError):
+        return e.code, str(e)
+    if isinstance(e, click.exceptions.UsageError):
+        where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        return USAGE, f"{e.format_message()}{where}"
+    if isinstance(e, SpecError):
+        return USAGE, spec_error_line(e)
+    if isinstance(e, PassFailedError):
+        line = str(e).splitlines()[0]
+        tail = " (the input was left unchanged)" if e.restored else ""
+        if e.reproducer:
+            tail += f"; reproduce with: {e.reproducer}"
+        return FAILED, line + tail
+    if isinstance(e, NumericsError):
+        return NUMERICS, str(e).splitlines()[0]
+    if isinstance(e, FxpassError):
+        return FAILED, str(e).splitlines()[0]
+    if isinstance(e, click.exceptions.FileError):
+        return LOAD, e.format_message()
+    first = (str(e).strip().splitlines() or [""])[0]
+    return (
+        INTERNAL,
+        f"internal error: {type(e).__name__}: {first} (run with --debug for the traceback)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``) and exit with its code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("FXPASS_DEBUG") == "1"
+    args = [a for a in args if a != "--debug"]
+    if not debug:  # torch's deprecation chatter is noise on a command line
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+    try:
+        rv = cli.main(args=args, prog_name="fxpass", standalone_mode=False)
+        code = rv if isinstance(rv, int) else OK
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help())
+        code = OK
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.exceptions.Abort:
+        code = INTERRUPTED
+    except KeyboardInterrupt:
+        _error("interrupted")
+        code = INTERRUPTED
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else FAILED
+    except BaseException as e:
+        code, message = _code_for(e)
+        if debug:
+            traceback.print_exception(e)
+        _error(message)
+    sys.stdout.flush()
+    sys.exit(code)

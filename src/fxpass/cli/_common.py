@@ -1,0 +1,95 @@
+"""What every command shares: exit codes, the one-line error, consoles, JSON, safe writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+# Exit codes (documented in `fxpass --help` and docs/cli.md).
+OK = 0
+FAILED = 1  # a pass failed (the input was left unchanged); `diff --exit-code`: graphs differ
+USAGE = 2  # bad command line: unknown option, malformed pipeline spec, unknown pass
+LOAD = 3  # the TARGET could not be loaded: missing, corrupt, unsafe, or its import failed
+NUMERICS = 4  # numerics diverged (`run --verify`, `bisect` found the breaking pass)
+WRITE = 5  # an output file could not be written
+INTERNAL = 70  # a bug in fxpass or in a pass's Python code outside a pipeline run
+INTERRUPTED = 130
+
+EXIT_CODES = [
+    (OK, "ok"),
+    (FAILED, "a pass failed (the input was left unchanged); diff --exit-code: graphs differ"),
+    (USAGE, "bad command line: option, pipeline spec, pass name or option value"),
+    (LOAD, "TARGET cannot be loaded: missing, damaged, unsafe, or its import failed"),
+    (NUMERICS, "numerics diverged (run --verify, demo, bisect found the breaking pass)"),
+    (WRITE, "an output file cannot be written"),
+    (INTERNAL, "internal error (a bug: --debug shows the traceback)"),
+    (INTERRUPTED, "interrupted"),
+]
+EXIT_CODES_HELP = "Exit codes:\n" + "\n".join(f"  {c:<4} {text}" for c, text in EXIT_CODES)
+
+
+class CliError(Exception):
+    """An error the command reports as one line, with an exit code."""
+
+    def __init__(self, message: str, code: int = FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def stdout() -> Console:
+    """Results: colour only on a terminal, NO_COLOR honoured (rich reads the environment)."""
+    return Console(highlight=False, soft_wrap=False)
+
+
+def stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def check_writable(path: str | os.PathLike, what: str) -> Path:
+    """Fail early, before any work, when ``path`` cannot be written."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CliError(f"cannot write the {what} to {path}: it is a directory", WRITE)
+    if not parent.is_dir():
+        raise CliError(f"cannot write the {what} to {path}: folder {parent} does not exist", WRITE)
+    if not os.access(parent, os.W_OK):
+        raise CliError(f"cannot write the {what} to {path}: folder {parent} is not writable", WRITE)
+    return path
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[str], Any], what: str) -> Path:
+    """Write through ``write(tmp_path)`` to a temporary file, then rename it into place."""
+    path = check_writable(path, what)
+    # The temporary name keeps the suffix: torch.export.save wants a name ending in .pt2.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}", WRITE) from e
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,89 @@
+"""Running a pipeline on a TARGET: through :func:`fxpass.apply`, the library's one path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._common import USAGE, CliError
+from ._targets import Target
+
+
+def parse_pipeline(spec: str | None) -> Any:
+    """The pipeline for ``-p SPEC`` (the registered ``default`` when None); errors exit 2."""
+    from ..core.errors import SpecError
+    from ..core.pipeline import Pipeline
+    from ..core.registry import REGISTRY
+
+    if spec is None or spec.strip() == "":
+        return REGISTRY.create("default")
+    try:
+        return Pipeline.parse(spec)
+    except SpecError as e:
+        raise CliError(spec_error_line(e), USAGE) from e
+
+
+def spec_error_line(e: Any) -> str:
+    message = getattr(e, "message", None) or str(e).splitlines()[0]
+    spec, column = getattr(e, "spec", ""), getattr(e, "column", 0)
+    where = f" at column {column} of '{spec}'" if spec else ""
+    return f"bad pipeline spec{where}: {message}"
+
+
+def user_inputs(target: Target) -> list[Any]:
+    """The inputs the user's program takes: given, stored, or made from ``meta['val']``."""
+    from ..verify.numerics import sample_inputs_from_meta
+
+    if target.args is not None:
+        return list(target.args)
+    gm = target.program.module() if target.is_exported else target.program
+    return sample_inputs_from_meta(gm)
+
+
+def graph_inputs(target: Target) -> list[Any]:
+    """One input per placeholder of the target's graph module."""
+    from ..verify.numerics import program_inputs
+
+    args = user_inputs(target)
+    if target.is_exported:
+        return program_inputs(target.program, args, target.kwargs)
+    return args
+
+
+def evaluate(program: Any, target: Target) -> list[Any]:
+    """Run ``program`` (the target before or after the passes) on the target's inputs."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from ..verify.numerics import run_graph
+
+    if isinstance(program, torch.export.ExportedProgram):
+        args = [x.clone() if isinstance(x, torch.Tensor) else x for x in user_inputs(target)]
+        with torch.no_grad():
+            return pytree.tree_leaves(program.module()(*args, **target.kwargs))
+    return run_graph(program, user_inputs(target))
+
+
+@dataclass
+class Outcome:
+    program: Any
+    graph_module: Any
+    modified: bool
+    report: Any
+
+
+def apply_pipeline(target: Target, pipeline: Any, instrument: list[Any]) -> Outcome:
+    """Run ``pipeline`` on the target through ``fxpass.apply`` (same kind in, same kind out)."""
+    try:
+        from ..targets.apply import apply
+    except ImportError:  # the targets package is not there yet: run on the graph module
+        apply = None
+    if apply is not None:
+        res = apply(target.program, pipeline, target.args, instrument=instrument)
+        return Outcome(res.program, res.graph_module, res.modified, res.report)
+    gm = target.graph_module
+    res = pipeline.run(gm, graph_inputs(target), instrument=instrument)
+    program = target.program
+    if not target.is_exported:
+        program = res.graph_module
+    return Outcome(program, res.graph_module, res.modified, res.report)

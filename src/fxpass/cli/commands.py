@@ -1,0 +1,422 @@
+"""The commands: list, show, run, diff, bisect, repro (demo lives in its own module)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from ._common import (
+    FAILED,
+    LOAD,
+    NUMERICS,
+    USAGE,
+    CliError,
+    check_writable,
+    emit_json,
+    stderr,
+    stdout,
+    write_atomic,
+)
+from ._run import apply_pipeline, evaluate, graph_inputs, parse_pipeline
+from ._targets import Target, load_target
+
+_TOL = [
+    click.option(
+        "--rtol", type=float, default=None, help="Relative tolerance (default: by dtype)."
+    ),
+    click.option(
+        "--atol", type=float, default=None, help="Absolute tolerance (default: by dtype)."
+    ),
+]
+
+
+def _tolerances(fn):
+    for opt in reversed(_TOL):
+        fn = opt(fn)
+    return fn
+
+
+def _print_graph(console, title: str, text: str) -> None:
+    console.rule(title, style="dim")
+    if console.is_terminal:
+        console.print(Syntax(text, "python", theme="ansi_dark", word_wrap=False))
+    else:
+        console.print(text, markup=False, highlight=False, crop=False, overflow="ignore")
+
+
+def _graph_code(gm: Any) -> str:
+    from ..core.instrument import graph_text
+
+    return graph_text(gm, "code")
+
+
+# ----- list -----------------------------------------------------------------------------------
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+def list_cmd(as_json: bool) -> None:
+    """List the registered passes with their options and one-line docs."""
+    from ..core.registry import REGISTRY
+
+    infos = REGISTRY.infos()
+    default = REGISTRY.pass_list("default").names()
+    if as_json:
+        emit_json(
+            {
+                "passes": [
+                    {
+                        "name": i.name,
+                        "summary": i.summary,
+                        "options": {k: o.describe() for k, o in i.options.items()},
+                        "origin": i.origin,
+                        "enabled": REGISTRY.is_enabled(i.name),
+                    }
+                    for i in infos
+                ],
+                "default": default,
+            }
+        )
+        return
+    table = Table(title="registered passes", title_justify="left")
+    table.add_column("pass", style="bold")
+    table.add_column("options")
+    table.add_column("what it does")
+    for info in infos:
+        opts = ", ".join(o.describe() for o in info.options.values())
+        name = Text(info.name)
+        if not REGISTRY.is_enabled(info.name):
+            name.append(" [disabled]", style="dim")
+        table.add_row(name, opts, info.summary)
+    out = stdout()
+    out.print(table)
+    out.print(f"default pipeline: {','.join(default) or '(empty)'}", markup=False)
+
+
+# ----- show -----------------------------------------------------------------------------------
+@click.command()
+@click.argument("target")
+@click.option("--pass", "-p", "spec", default=None, help="Show the graph before and after SPEC.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+def show(target: str, spec: str | None, as_json: bool) -> None:
+    """Print TARGET's graph, or the graph before and after one pass (or spec).
+
+    TARGET is a .pt2 file, a .fxgraph file, or module:function.
+    """
+    pipeline = parse_pipeline(spec) if spec is not None else None
+    t = load_target(target)
+    out = stdout()
+    before = _graph_code(t.graph_module)
+    if pipeline is None:
+        if as_json:
+            emit_json({"target": target, "nodes": len(t.graph_module.graph.nodes), "code": before})
+            return
+        _print_graph(out, f"{target} ({len(t.graph_module.graph.nodes)} nodes)", before)
+        return
+    from ..html.capture import GraphRecorder
+
+    rec = GraphRecorder()
+    result = apply_pipeline(t, pipeline, [rec])
+    after = _graph_code(result.graph_module)
+    if as_json:
+        emit_json(
+            {
+                "target": target,
+                "spec": str(pipeline),
+                "modified": result.modified,
+                "before": before,
+                "after": after,
+                "changes": [c.to_dict() for c in rec.changes],
+            }
+        )
+        return
+    _print_graph(out, f"before {pipeline}", before)
+    _print_graph(out, f"after {pipeline}", after)
+    _print_changes(out, rec.changes, result.modified)
+
+
+def _print_changes(out, changes: list, modified: bool) -> None:
+    if not modified:
+        out.print("the graph did not change", style="dim")
+    for c in changes:
+        out.print(
+            f"{c.label}: +{c.added} new, -{c.removed} removed, ~{c.changed} changed, "
+            f"{c.rewired} rewired, in {c.hunks_total} regions",
+            markup=False,
+        )
+
+
+# ----- run ------------------------------------------------------------------------------------
+@click.command()
+@click.argument("target")
+@click.option("-p", "--pipeline", "spec", default=None, help="Pipeline spec (default: 'default').")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the transformed program (.pt2 for exported programs, else .fxgraph).")  # fmt: skip
+@click.option("--print-after-change", is_flag=True, help="Print the graph after each change.")
+@click.option("--print-after-all", is_flag=True, help="Print the graph after every pass.")
+@click.option("--timing", is_flag=True, help="Print the nested per-pass timing tree.")
+@click.option("--statistics", is_flag=True, help="Print the statistics each pass counted.")
+@click.option("--verify", is_flag=True, help="Check numerics after each pass and at the end.")
+@click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
+              help="Write the HTML report with pictures of each change.")  # fmt: skip
+@click.option("--reproducer", type=click.Path(file_okay=False), default=None,
+              help="On failure, write a reproducer folder under this folder.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+@_tolerances
+def run(target, spec, output, print_after_change, print_after_all, timing, statistics,
+        verify, html, reproducer, as_json, rtol, atol) -> None:  # fmt: skip
+    """Run a pipeline on TARGET: print what each pass did, optionally verify and save.
+
+    TARGET is a .pt2 file, a .fxgraph file, or module:function.
+    """
+    from ..core.errors import PassFailedError
+    from ..core.instrument import PrintIR, Statistics, Timing
+
+    pipeline = parse_pipeline(spec)
+    if html:
+        check_writable(html, "report")
+    t = load_target(target)
+    if output:
+        _check_output_kind(t, output)
+        check_writable(output, "output")
+    instruments: list[Any] = []
+    if print_after_change or print_after_all:
+        instruments.append(PrintIR(after=print_after_all, after_change=True, stream=sys.stderr))
+    if timing:
+        instruments.append(Timing(stream=sys.stderr))
+    if statistics:
+        instruments.append(Statistics(stream=sys.stderr))
+    check = reference = None
+    if verify:
+        from ..verify.numerics import NumericsCheck, output_names
+
+        names = output_names(t.program) if t.is_exported else None
+        check = NumericsCheck(graph_inputs(t), rtol=rtol, atol=atol, names=names)
+        instruments.append(check)
+        reference = evaluate(t.program, t)
+    recorder = _html_recorder(html, t, spec, check)
+    if recorder is not None:
+        instruments.append(recorder)
+    if reproducer:
+        from ..core.reproducer import CrashReproducer
+
+        instruments.append(CrashReproducer(reproducer))
+    try:
+        result = apply_pipeline(t, pipeline, instruments)
+    except PassFailedError as e:
+        report = getattr(e, "report", None)
+        if as_json:
+            emit_json({"ok": False, "error": str(e).splitlines()[0],
+                       "report": report.to_dict() if report else None})  # fmt: skip
+        raise
+    final = None
+    if verify:
+        from ..verify.numerics import compare_outputs
+
+        final = compare_outputs(reference, evaluate(result.program, t), rtol=rtol, atol=atol)
+        if recorder is not None:
+            recorder.write(final_numerics=final)
+    diverged = final is not None and (not final.ok or not check.ok)
+    written = None
+    if output and not diverged:
+        written = _save_program(result, t, output)
+    _report_run(t, result, check, final, written, html, as_json, diverged)
+    if diverged:
+        raise CliError("numerics diverged" + ("" if not output else f"; {output} not written"),
+                       NUMERICS)  # fmt: skip
+
+
+def _check_output_kind(t: Target, output: str) -> None:
+    suffix = Path(output).suffix
+    want = ".pt2" if t.is_exported else ".fxgraph"
+    if suffix != want:
+        kind = "an exported program" if t.is_exported else "a GraphModule"
+        raise CliError(f"TARGET {t.text} is {kind}: write it to a {want} file, not {output}", USAGE)
+
+
+def _html_recorder(html, t: Target, spec, check):
+    if not html:
+        return None
+    from ..html import HtmlReport
+
+    info = {"target": t.text, "command": "fxpass " + " ".join(sys.argv[1:])}
+    return HtmlReport(html, title=f"fxpass report: {Path(t.text).name}", numerics=check, info=info)
+
+
+def _save_program(result, t: Target, output: str) -> Path:
+    if t.is_exported:
+        import torch
+
+        return write_atomic(output, lambda tmp: torch.export.save(result.program, tmp), "output")
+    from ..core.serialize import save_graph
+
+    inputs = graph_inputs(t) if t.args is not None else None
+    return write_atomic(output, lambda tmp: save_graph(result.program, tmp, inputs), "output")
+
+
+def _report_run(t, result, check, final, written, html, as_json, diverged) -> None:
+    if as_json:
+        emit_json(
+            {
+                "ok": not diverged,
+                "target": t.text,
+                "modified": result.modified,
+                "report": result.report.to_dict(),
+                "numerics": {
+                    "passes": [r.to_dict() for r in check.results],
+                    "first_divergence": (
+                        check.first_divergence.to_dict() if check.first_divergence else None
+                    ),
+                    "final": final.to_dict() if final is not None else None,
+                }
+                if check is not None
+                else None,
+                "output": str(written) if written else None,
+                "html": html,
+            }
+        )
+        return
+    out = stdout()
+    out.print(result.report)
+    if check is not None:
+        first = check.first_divergence
+        if first is not None:
+            out.print(Text(f"numerics: first divergence after {first}", style="red"))
+        out.print(
+            Text(f"numerics at the end: {final.summary()}", style="green" if final.ok else "red")
+        )
+    if written:
+        out.print(f"wrote {written}", markup=False)
+    if html:
+        out.print(f"wrote {html}", markup=False)
+
+
+# ----- diff -----------------------------------------------------------------------------------
+@click.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
+              help="Write an HTML page with pictures of the differences.")  # fmt: skip
+@click.option("--exit-code", is_flag=True, help="Exit with 1 when the graphs differ.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+def diff(a: str, b: str, html: str | None, exit_code: bool, as_json: bool) -> None:
+    """Show what differs between the graphs of two TARGETs (matched by node name/provenance)."""
+    from ..html.capture import diff_graphs
+    from ..verify.testing import op_counts
+
+    if html:
+        check_writable(html, "report")
+    ta, tb = load_target(a), load_target(b)
+    change = diff_graphs(ta.graph_module, tb.graph_module, name=f"{a} -> {b}", max_hunks=20)
+    ca, cb = op_counts(ta.graph_module), op_counts(tb.graph_module)
+    ops = {k: (ca.get(k, 0), cb.get(k, 0)) for k in sorted(set(ca) | set(cb)) if ca[k] != cb[k]}
+    same = not (change.added or change.removed or change.changed or change.rewired)
+    if html:
+        from ..html import render_html, write_html
+
+        doc = render_html(None, [change], title=f"fxpass diff {a} {b}", info={"a": a, "b": b})
+        write_atomic(html, lambda tmp: write_html(tmp, doc), "report")
+    if as_json:
+        emit_json({"same": same, "changes": change.to_dict(), "op_counts": ops})
+    else:
+        _print_diff(change, ops, same)
+    if exit_code and not same:
+        sys.exit(FAILED)
+
+
+def _print_diff(change, ops: dict, same: bool) -> None:
+    out = stdout()
+    if same:
+        out.print("the graphs are the same")
+        return
+    out.print(
+        f"nodes {change.nodes_before} -> {change.nodes_after}: +{change.added} new, "
+        f"-{change.removed} removed, ~{change.changed} changed, {change.rewired} rewired, "
+        f"in {change.hunks_total} regions",
+        markup=False,
+    )
+    if ops:
+        table = Table(title="op counts that differ", title_justify="left")
+        for col in ("op", "A", "B"):
+            table.add_column(col, justify="left" if col == "op" else "right")
+        for op, (x, y) in ops.items():
+            table.add_row(op, str(x), str(y))
+        out.print(table)
+    for i, hunk in enumerate(change.hunks[:5], 1):
+        before, after = hunk.text()
+        more = f" (and {hunk.like_it - 1} more like it)" if hunk.like_it > 1 else ""
+        out.rule(f"region {i}{more}", style="dim")
+        for line in before:
+            out.print(Text(f"- {line}", style="red"))
+        for line in after:
+            out.print(Text(f"+ {line}", style="green"))
+
+
+# ----- bisect ---------------------------------------------------------------------------------
+@click.command("bisect")
+@click.argument("target")
+@click.option("-p", "--pipeline", "spec", default=None, help="Pipeline spec (default: 'default').")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+@_tolerances
+def bisect_cmd(target: str, spec: str | None, as_json: bool, rtol, atol) -> None:
+    """Find the first pass, and the first single rewrite, that breaks numerics.
+
+    Exits 4 when it found one, 0 when numerics hold after every pass.
+    """
+    from ..verify.bisect import bisect
+
+    pipeline = parse_pipeline(spec)
+    t = load_target(target)
+    err = stderr()
+    program = t.program
+    inputs = t.args if t.is_exported else graph_inputs(t)
+    say = None if as_json else (lambda msg: err.print(f"[dim]bisect: {msg}[/dim]"))
+    result = bisect(program, pipeline, inputs, rtol=rtol, atol=atol, on_step=say)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        out = stdout()
+        for line in result.lines():
+            style = "green" if result.ok else ("red" if line.startswith("first") else None)
+            out.print(Text(line, style=style))
+    if not result.ok:
+        sys.exit(NUMERICS)
+
+
+# ----- repro ----------------------------------------------------------------------------------
+@click.command()
+@click.argument("path")
+@click.option("-p", "--pipeline", "spec", default=None,
+              help="For a .fxgraph file: the pipeline to run on it.")  # fmt: skip
+def repro(path: str, spec: str | None) -> None:
+    """Re-run a crash reproducer folder (or a pipeline on a .fxgraph file).
+
+    Fails exactly as the original run did: the same error, exit code 1.
+    """
+    p = Path(path)
+    if p.is_dir():
+        from ..core.errors import FxpassError, PassFailedError
+        from ..core.reproducer import run_reproducer
+
+        try:
+            result = run_reproducer(p)
+        except PassFailedError:
+            raise
+        except FxpassError as e:
+            raise CliError(str(e).splitlines()[0], LOAD) from e
+        stdout().print(result.report)
+        stdout().print("the failure did not reproduce: the pipeline ran cleanly")
+        return
+    if not p.exists():
+        raise CliError(f"no such reproducer folder or file: {path}", LOAD)
+    t = load_target(path)
+    pipeline = parse_pipeline(spec)
+    result = apply_pipeline(t, pipeline, [])
+    stdout().print(result.report)
+
+
+__all__ = ["bisect_cmd", "diff", "list_cmd", "repro", "run", "show"]
