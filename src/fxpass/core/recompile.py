@@ -55,7 +55,8 @@ class DeferredRecompile:
             del self._stale[id(gm)]
             gm.__dict__.pop("forward", None)
             self.recompiles += 1
-            type(gm).recompile(gm)
+            # GraphModule's own recompile: _LazyGraphModule (Dynamo) makes it a classmethod
+            fx.GraphModule.recompile(gm)
 
     def finish(self, *, recompile: bool = True) -> None:
         """Stop deferring; regenerate stale code once (unless ``recompile`` is False)."""

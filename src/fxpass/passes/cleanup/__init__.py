@@ -1,1 +1,3 @@
 """fxpass's cleanup passes; importing this package registers them."""
+
+from . import cse, dce, erase_copy, remove_detach, remove_noop  # noqa: F401

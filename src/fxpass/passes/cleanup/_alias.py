@@ -1,0 +1,262 @@
+"""Who writes which memory, and which values share it: the analysis the cleanup passes share.
+
+Passes that drop copies, merge nodes or turn in-place ops into functional ones are only
+correct when no mutation or alias can observe the difference. This module answers those
+questions from the op schemas' alias annotations (``Tensor(a!)`` is written, ``Tensor(a)``
+is aliased by the output), so it knows every ATen and custom op without a hand-kept list.
+Python-level calls (Dynamo graphs) are judged by their names: a trailing underscore
+(``add_``), ``operator.setitem``, ``inplace=True`` or ``out=`` write; a list of view-making
+names alias.
+
+The analysis is a snapshot of the graph: rebuild it after changing the graph.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import fx
+
+__all__ = ["AliasInfo", "aliased_args", "node_val", "op_schema", "written_args"]
+
+# names of Python-level tensor methods / torch functions whose result may share memory with
+# their first argument (Dynamo and symbolic_trace graphs call these)
+_VIEW_NAMES = frozenset(
+    [
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "transpose",
+        "permute",
+        "expand",
+        "expand_as",
+        "unsqueeze",
+        "squeeze",
+        "flatten",
+        "unflatten",
+        "contiguous",
+        "to",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "int",
+        "long",
+        "bool",
+        "type",
+        "type_as",
+        "detach",
+        "narrow",
+        "select",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "as_strided",
+        "diagonal",
+        "movedim",
+        "swapaxes",
+        "swapdims",
+        "t",
+        "T",
+        "mT",
+        "H",
+        "mH",
+        "real",
+        "imag",
+        "__getitem__",
+        "getitem",
+        "alias",
+        "view_as_real",
+        "view_as_complex",
+        "unfold",
+    ]
+)
+_INPLACE_OPERATORS = frozenset(
+    getattr(operator, n)
+    for n in [
+        "setitem",
+        "iadd",
+        "isub",
+        "imul",
+        "itruediv",
+        "ifloordiv",
+        "imod",
+        "ipow",
+        "iand",
+        "ior",
+        "ixor",
+        "ilshift",
+        "irshift",
+        "imatmul",
+    ]
+)
+_FUNCTIONAL_HOPS = ("auto_functionalized", "auto_functionalized_v2")
+
+
+def node_val(node: Any) -> Any:
+    """The example value of a node: ``meta["val"]`` (export, AOT) or ``["example_value"]``."""
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("val")
+    return node.meta.get("example_value") if val is None else val
+
+
+def op_schema(node: fx.Node) -> torch.FunctionSchema | None:
+    """The schema of an ``OpOverload`` call, else None."""
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema
+    return None
+
+
+def _schema_values(node: fx.Node, schema: torch.FunctionSchema) -> Iterator[tuple[Any, Any]]:
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            yield arg, node.args[i]
+        elif arg.name in node.kwargs:
+            yield arg, node.kwargs[arg.name]
+
+
+def _nodes_in(value: Any) -> list[fx.Node]:
+    out: list[fx.Node] = []
+    fx.node.map_arg(value, out.append)
+    return out
+
+
+def _name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    return getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+
+
+def _hop_name(node: fx.Node) -> str | None:
+    if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+        return node.target.name()
+    return None
+
+
+def written_args(node: fx.Node) -> list[fx.Node]:
+    """The nodes whose memory ``node`` writes (in-place ops, ``out=``, ``copy_``, setitem)."""
+    schema = op_schema(node)
+    if schema is not None:
+        written = []
+        for arg, value in _schema_values(node, schema):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                written.extend(_nodes_in(value))
+        return written
+    if node.op not in ("call_function", "call_method", "call_module") or _hop_name(node):
+        return []
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    name = _name(node)
+    if node.op == "call_module":
+        mod = node.graph.owning_module
+        sub = mod.get_submodule(node.target) if mod is not None else None
+        inplace = bool(getattr(sub, "inplace", False))
+        return [first] if inplace and first is not None else []
+    if node.target in _INPLACE_OPERATORS or node.kwargs.get("inplace") is True:
+        is_tensor = isinstance(node_val(first), torch.Tensor) or node.target is operator.setitem
+        return [first] if first is not None and is_tensor else []
+    if "out" in node.kwargs:
+        return _nodes_in(node.kwargs["out"])
+    if name.endswith("_") and not name.endswith("__") and first is not None:
+        return [first]
+    return []
+
+
+def aliased_args(node: fx.Node) -> list[fx.Node]:
+    """The input nodes whose memory ``node``'s result may share (views, in-place results)."""
+    schema = op_schema(node)
+    if schema is not None:
+        sets = set()
+        for ret in schema.returns:
+            if ret.alias_info is not None:
+                sets |= set(ret.alias_info.after_set) | set(ret.alias_info.before_set)
+        if not sets:
+            return []
+        out = []
+        for arg, value in _schema_values(node, schema):
+            if arg.alias_info is not None and sets & set(arg.alias_info.before_set):
+                out.extend(_nodes_in(value))
+        return out
+    if node.op == "call_function" and node.target is operator.getitem:
+        return _nodes_in(node.args[0])
+    hop = _hop_name(node)
+    if hop in _FUNCTIONAL_HOPS:
+        return []
+    if node.op == "call_module" or hop is not None:
+        return _nodes_in((node.args, node.kwargs))  # opaque: assume the worst
+    views = _name(node) in _VIEW_NAMES or written_args(node)
+    if node.op in ("call_function", "call_method") and views:
+        return _nodes_in(node.args[:1])
+    return []
+
+
+class AliasInfo:
+    """Memory facts about one graph: each node's storage roots, who writes them, and when.
+
+    A node's *roots* are the nodes whose memory its value may share (itself included): a
+    view's roots are its base's, a fresh result's root is the node itself.
+    """
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.pos: dict[fx.Node, int] = {}
+        self._roots: dict[fx.Node, frozenset[fx.Node]] = {}
+        self.writes: list[tuple[int, fx.Node, frozenset[fx.Node]]] = []
+        self.output: fx.Node | None = None
+        for i, node in enumerate(graph.nodes):
+            self.pos[node] = i
+            roots = {node}
+            for base in aliased_args(node):
+                roots |= self._roots.get(base, {base})
+            self._roots[node] = frozenset(roots)
+            written = frozenset().union(*(self.roots(w) for w in written_args(node)))
+            if written:
+                self.writes.append((i, node, written))
+            if node.op == "output":
+                self.output = node
+
+    def roots(self, node: Any) -> frozenset[fx.Node]:
+        """The nodes whose memory ``node``'s value may share (itself included)."""
+        if not isinstance(node, fx.Node):
+            return frozenset()
+        return self._roots.get(node, frozenset({node}))
+
+    def written(
+        self,
+        roots: frozenset[fx.Node],
+        after: int = -1,
+        before: float = float("inf"),
+        ignore: fx.Node | None = None,
+    ) -> bool:
+        """Does any node strictly between positions ``after`` and ``before`` write ``roots``?"""
+        return any(
+            after < i < before and node is not ignore and written & roots
+            for i, node, written in self.writes
+        )
+
+    def aliases(self, roots: frozenset[fx.Node]) -> list[fx.Node]:
+        """Every node whose value may share memory with ``roots``."""
+        return [n for n, r in self._roots.items() if r & roots]
+
+    def last_read(self, roots: frozenset[fx.Node]) -> float:
+        """Position of the last node reading memory of ``roots`` (inf if the output does)."""
+        last = -1.0
+        for alias in self.aliases(roots):
+            for user in alias.users:
+                last = max(last, float("inf") if user.op == "output" else self.pos[user])
+        return last
+
+    def external(self, roots: frozenset[fx.Node]) -> bool:
+        """Is any of ``roots`` memory the caller can see (an input, parameter or buffer)?"""
+        return any(r.op in ("placeholder", "get_attr") for r in roots)
+
+    def escapes(self, roots: frozenset[fx.Node]) -> bool:
+        """Does memory of ``roots`` reach the graph's output?"""
+        if self.output is None:
+            return False
+        return any(self.roots(n) & roots for n in self.output.all_input_nodes)

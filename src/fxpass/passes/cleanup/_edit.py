@@ -1,0 +1,73 @@
+"""Small graph edits shared by the library passes: each asks the run's debug counter first,
+tells instrumentation what changed, and gives new nodes their metadata and provenance."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+
+from torch import fx
+from torch.fx.traceback import NodeSource, NodeSourceAction
+
+from ...core.context import ChangeEvent, current_context
+
+__all__ = ["allow", "erase", "new_node_meta", "notify", "replace_all_uses"]
+
+
+def allow() -> bool:
+    """May the pass make one more change? (A debug counter may say no; outside a run: yes.)"""
+    ctx = current_context()
+    return ctx is None or ctx.allow()
+
+
+def notify(kind: str, rule: str, old: Sequence[fx.Node] = (), new: Sequence[fx.Node] = ()) -> None:
+    """Tell the run's instrumentation about one change."""
+    ctx = current_context()
+    if ctx is not None:
+        ctx.notify(ChangeEvent(kind, rule, list(old), list(new), location=_caller()))
+
+
+def _caller() -> str:
+    frame = inspect.currentframe()
+    here = os.path.dirname(__file__)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def replace_all_uses(node: fx.Node, new: fx.Node, rule: str, *, erase_old: bool = True) -> None:
+    """Point every user of ``node`` at ``new`` and (by default) erase ``node``."""
+    node.replace_all_uses_with(new)
+    notify("replace", rule, [node], [new])
+    if erase_old and not node.users:
+        node.graph.erase_node(node)
+
+
+def erase(node: fx.Node, rule: str) -> None:
+    """Erase a node that has no users."""
+    notify("erase", rule, [node])
+    node.graph.erase_node(node)
+
+
+def new_node_meta(new: fx.Node, replaced: Sequence[fx.Node], rule: str, pass_name: str) -> None:
+    """Give a node a pass created the metadata and provenance of the nodes it stands for."""
+    first = replaced[0] if replaced else None
+    if first is not None:
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn"):
+            if key in first.meta and key not in new.meta:
+                new.meta[key] = first.meta[key]
+    new.meta["from_node"] = [
+        NodeSource(
+            n, pass_name, NodeSourceAction.REPLACE if n is not new else NodeSourceAction.CREATE
+        )
+        for n in replaced
+    ]
+    new.meta["fxpass_provenance"] = {
+        "rule": rule,
+        "pass": pass_name,
+        "replaced": [n.name for n in replaced],
+        "location": _caller(),
+    }

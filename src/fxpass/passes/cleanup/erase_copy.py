@@ -1,0 +1,117 @@
+"""``erase_copy``: forward a copy's source to its readers and drop the copy when unobservable."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from ...core.context import stat
+from ...core.registry import _builtin
+from ._alias import AliasInfo, aliased_args, node_val
+from ._copies import copy_is_unobservable, same_layout, view_is_replaceable
+from ._edit import allow, erase, notify
+
+__all__ = ["erase_copy"]
+
+aten = torch.ops.aten
+
+
+def _copy_into(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(dst, src)`` of an in-place copy ``dst.copy_(src)``, else None."""
+    is_copy_ = node.target is aten.copy_.default or (
+        node.op == "call_method" and node.target == "copy_"
+    )
+    if node.op in ("call_function", "call_method") and is_copy_ and len(node.args) >= 2:
+        dst, src = node.args[:2]
+        if isinstance(dst, fx.Node) and isinstance(src, fx.Node):
+            return dst, src
+    return None
+
+
+def _forward_readers(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) -> int:
+    """Point readers of ``dst`` after ``copy`` at ``src``; returns how many were changed."""
+    moved = 0
+    for old in (dst, copy):
+        for user in list(old.users):
+            if user is copy or user.op == "output" or info.pos[user] < info.pos[copy]:
+                continue
+            if old in aliased_args(user) and info.escapes(info.roots(user)):
+                continue  # a view of it is returned: keep returning the copy's memory
+            if not allow():
+                continue
+            user.replace_input_with(old, src)
+            notify("modify", "erase_copy", [user], [user])
+            moved += 1
+    return moved
+
+
+def _read_later(copy: fx.Node, dst: fx.Node, info: AliasInfo) -> bool:
+    here = info.pos[copy]
+    return any(
+        user is not copy and info.pos.get(user, here + 1) > here
+        for alias in info.aliases(info.roots(dst))
+        for user in alias.users
+    )
+
+
+def _erase_in_place(copy: fx.Node, info: AliasInfo) -> bool:
+    dst, src = _copy_into(copy)
+    if not same_layout(node_val(dst), node_val(src)):
+        return False
+    if info.written(info.roots(dst) | info.roots(src), after=info.pos[copy], ignore=copy):
+        return False  # a later write would see (or hide) the difference
+    moved = _forward_readers(copy, dst, src, info)
+    if moved:
+        stat("readers_forwarded", moved)
+    gone = not info.external(info.roots(dst)) and not _read_later(copy, dst, info)
+    if gone and not copy.users and allow():
+        erase(copy, "erase_copy")
+        stat("copies_erased")
+    return bool(moved) or gone
+
+
+@_builtin("erase_copy")
+def erase_copy(gm: fx.GraphModule) -> bool:
+    """Forward copies' sources to their readers; drop copies nothing can observe.
+
+    SGLang's ``EraseCopy``, made safe and general. For an in-place copy ``dst.copy_(src)``
+    (same shape, dtype and strides) that neither ``dst`` nor ``src`` is written after:
+
+    * readers of ``dst`` after the copy read ``src`` instead (the graph output keeps
+      returning ``dst``);
+    * the copy itself goes when ``dst`` is the graph's own memory (not an input, parameter
+      or buffer) and nothing reads it afterwards (``dce`` then drops its allocation).
+
+    A functional ``aten.copy(dst, src)`` with ``src``'s layout is replaced by ``src`` when
+    nothing can observe that it was a copy (see ``remove_noop`` for ``clone``).
+
+    Before / after::
+
+        %buf = aten.empty([8, 64])
+        %copy_ = aten.copy_(%buf, %x)      ->      %y = aten.relu(%x)
+        %y = aten.relu(%buf)
+    """
+    changed = False
+    info: AliasInfo | None = None
+    for node in list(gm.graph.nodes):
+        if _copy_into(node) is not None:
+            info = info or AliasInfo(gm.graph)
+            if _erase_in_place(node, info):
+                changed, info = True, None
+        elif node.target is aten.copy.default and isinstance(node.args[1], fx.Node):
+            info = info or AliasInfo(gm.graph)
+            src = node.args[1]
+            ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
+            if ok and allow():
+                node.replace_all_uses_with(src)
+                notify("replace", "erase_copy", [node], [src])
+                gm.graph.erase_node(node)
+                stat("copies_erased")
+                changed, info = True, None
+    return changed
+
+
+erase_copy.statistics = {
+    "readers_forwarded": "reads of a copy's destination that now read its source",
+    "copies_erased": "copies removed",
+}

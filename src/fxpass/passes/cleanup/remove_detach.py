@@ -1,0 +1,57 @@
+"""``remove_detach``: drop ``detach``, which only matters to autograd."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from ...core.context import stat
+from ...core.registry import _builtin
+from ._copies import input_becomes_output
+from ._edit import allow, replace_all_uses
+
+__all__ = ["remove_detach"]
+
+aten = torch.ops.aten
+_DETACH_OPS = {aten.detach.default, aten.detach_copy.default, aten.detach_.default}
+_DETACH_FUNCTIONS = {torch.detach, torch.Tensor.detach}
+
+
+def _is_detach(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ("detach", "detach_")
+    return node.op == "call_function" and (
+        node.target in _DETACH_OPS or node.target in _DETACH_FUNCTIONS
+    )
+
+
+@_builtin("remove_detach")
+def remove_detach(gm: fx.GraphModule) -> bool:
+    """Replace ``detach`` (``aten.detach``, ``detach_copy``, ``detach_``, ``Tensor.detach``)
+    by its input.
+
+    ``detach`` returns its input's data without autograd history; in an inference graph, or
+    a graph below autograd (export, AOT), that is the input itself. Do not run it on a
+    Dynamo graph that autograd will differentiate: there ``detach`` stops gradients. An
+    input never becomes a direct graph output (ExecuTorch's ``RemoveDetachPass``, made
+    safe for backends that reject that).
+
+    Before / after::
+
+        %detach = aten.detach(%x)
+        %mul = aten.mul(%detach, 2)       ->      %mul = aten.mul(%x, 2)
+    """
+    changed = False
+    for node in list(gm.graph.nodes):
+        if not _is_detach(node) or not isinstance(node.args[0], fx.Node):
+            continue
+        src = node.args[0]
+        if input_becomes_output(node, src) or not allow():
+            continue
+        replace_all_uses(node, src, "remove_detach")
+        stat("removed")
+        changed = True
+    return changed
+
+
+remove_detach.statistics = {"removed": "detach calls replaced by their input"}

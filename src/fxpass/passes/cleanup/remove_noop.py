@@ -1,0 +1,143 @@
+"""``remove_noop``: drop views, conversions, copies and dropouts that change nothing."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from ...core.context import stat
+from ...core.registry import _builtin
+from ._alias import AliasInfo
+from ._copies import copy_is_unobservable, input_becomes_output, view_is_replaceable
+from ._edit import allow, replace_all_uses
+
+__all__ = ["remove_noop"]
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+# ATen ops whose result shares memory with their first argument: a no-op when the layout
+# does not change (same shape, dtype, strides)
+_ATEN_VIEWS = {
+    aten.view,
+    aten.reshape,
+    aten._unsafe_view,
+    aten._reshape_alias,
+    aten.expand,
+    aten.alias,
+    aten.permute,
+    aten.slice,
+    aten.squeeze,
+    aten.unsqueeze,
+    aten.transpose,
+    aten.flatten,
+    aten.contiguous,
+    aten.to,
+    aten.type_as,
+}
+# ATen ops that return a fresh copy of their first argument
+_ATEN_COPIES = {aten.clone, aten._to_copy, prims.convert_element_type}
+# Python-level calls (Dynamo, symbolic_trace) that return their input or a view of it
+_PY_VIEWS = {
+    "view", "reshape", "expand", "expand_as", "view_as", "reshape_as", "contiguous", "to",
+    "float", "half", "bfloat16", "double", "type", "type_as", "permute", "squeeze", "flatten",
+}  # fmt: skip
+_PY_COPIES = {"clone"}
+_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d)
+
+
+def _packet(node: fx.Node):
+    return getattr(node.target, "overloadpacket", None)
+
+
+def _py_name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_function" and getattr(node.target, "__module__", "") in ("torch", None):
+        return getattr(node.target, "__name__", "")
+    return ""
+
+
+def _dropout_off(node: fx.Node) -> bool:
+    """Eval-mode dropout (or p == 0), which returns its input itself."""
+    if node.op == "call_module":
+        mod = node.graph.owning_module.get_submodule(node.target)
+        return isinstance(mod, _DROPOUTS) and (not mod.training or mod.p == 0)
+    if node.op != "call_function":
+        return False
+    if node.target in (aten.dropout.default, torch.dropout, torch._C._VariableFunctions.dropout):
+        train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
+        return train is False
+    if node.target is torch.nn.functional.dropout:
+        training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+        return training is False and not node.kwargs.get("inplace", False)
+    return False
+
+
+def _kind(node: fx.Node) -> str | None:
+    """ "view" (shares memory with its input), "copy" (a fresh copy) or None."""
+    if _dropout_off(node):
+        return "view"
+    packet = _packet(node)
+    if packet in _ATEN_VIEWS:
+        return "view" if not node.kwargs.get("copy", False) else "copy"
+    if packet in _ATEN_COPIES:
+        return "copy"
+    name = _py_name(node)
+    if name in _PY_VIEWS and not node.kwargs.get("copy", False):
+        return "view"
+    if name in _PY_COPIES:
+        return "copy"
+    return None
+
+
+@_builtin("remove_noop")
+def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
+    """Remove views, reshapes, expands, conversions, copies and dropouts that change nothing.
+
+    A node is dropped when its result has exactly its input's shape, dtype, device and
+    strides (from the nodes' example values) and:
+
+    * it shares memory with its input (``view``, ``reshape``, ``expand``, ``permute`` to the
+      same order, ``to`` the same dtype, ``contiguous``, eval-mode ``dropout``), or
+    * it is a fresh copy (``clone``, ``_to_copy`` to the same dtype and device — eval-mode
+      dropout in export and AOT graphs) and nothing can observe that it was one: it is never
+      mutated, its source is not mutated while it is read, and it does not hand the
+      caller's memory back as an output. ``copies=False`` keeps every copy.
+
+    Inputs never become direct outputs (backends reject that). Train-mode dropout and
+    conversions that change dtype, device or memory layout stay.
+
+    Before / after::
+
+        %clone = aten.clone(%x)                   # eval-mode dropout
+        %view = aten.view(%clone, [1, 8, 64])     # same shape        ->  %mm = aten.mm(%x, %w)
+        %mm = aten.mm(%view, %w)
+    """
+    changed = False
+    info: AliasInfo | None = None
+    for node in list(gm.graph.nodes):
+        kind = _kind(node)
+        if kind is None or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        src = node.args[0]
+        if kind == "copy":
+            if not copies:
+                continue
+            info = info or AliasInfo(gm.graph)
+            ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
+        elif _dropout_off(node):  # returns its input itself, whatever the metadata says
+            ok = not input_becomes_output(node, src)
+        else:
+            ok = view_is_replaceable(node, src)
+        if ok and allow():
+            replace_all_uses(node, src, "remove_noop")
+            stat("copies_removed" if kind == "copy" else "views_removed")
+            info = None  # the graph changed: the alias facts must be rebuilt
+            changed = True
+    return changed
+
+
+remove_noop.statistics = {
+    "views_removed": "views, reshapes, conversions and dropouts that returned their input",
+    "copies_removed": "copies nobody could tell from their source",
+}
