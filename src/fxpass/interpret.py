@@ -1,0 +1,428 @@
+"""Interpreter passes: rebuild a graph node by node, rewriting ops as you go (ExecuTorch Level 1).
+
+Subclass :class:`InterpreterPass` and override :meth:`~InterpreterPass.call_operator`. The
+pass walks the graph in order and calls it for every operator with the *new* values of its
+arguments (:class:`ProxyValue` objects: a node of the graph being built plus its fake
+tensor). Whatever it returns stands for the old node from then on:
+
+* **one-to-one** — return ``super().call_operator(other_op, args, kwargs, meta)``;
+* **one-to-X** — call ``super().call_operator`` several times, feeding one result into the
+  next, and return the last;
+* **one-to-none** — return one of the arguments (``args[0]``): the op disappears.
+
+Before::
+
+    %relu_ = call_function[target=aten.relu_.default](args = (%x,))
+
+After ``ReplaceInplaceRelu`` (``relu_`` -> ``relu``)::
+
+    %relu = call_function[target=aten.relu.default](args = (%x,))
+
+Every node the pass creates gets ``meta["val"]`` (the op run on fake tensors),
+``stack_trace``, ``nn_module_stack`` and the rest of the replaced node's metadata, plus
+``from_node`` and ``fxpass_provenance`` naming the pass. Nodes the pass only copies keep
+their metadata as it was and are not re-run. "Modified" is honest: when every node came
+out as a copy of itself, the pass reports no change and hands back the module untouched
+(ExecuTorch's ``ExportPass`` always says it changed the graph).
+
+A real tensor among the arguments (``torch.tensor(2.0)``) becomes a constant of the new
+module (a ``get_attr``; lifted to a program constant when the pass runs on an
+ExportedProgram through :func:`fxpass.apply`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from .core.context import ChangeEvent, current_context
+from .core.contract import Pass, PassResult
+
+__all__ = ["ExportPass", "InterpreterPass", "ProxyValue", "map_args"]
+
+# Metadata a rewritten node inherits from the node it replaces (``val`` is recomputed).
+_INHERITED = (
+    "stack_trace",
+    "nn_module_stack",
+    "source_fn_stack",
+    "torch_fn",
+    "custom",
+    "seq_nr",
+    "original_aten",
+    "from_node",
+)
+
+
+class ProxyValue:
+    """A value of the graph being built: ``node`` (an ``fx.Node``) and ``data`` (its fake
+    tensor, SymInt, tuple of those, or None). ExecuTorch's ``ProxyValue``."""
+
+    __slots__ = ("_copy", "_exact", "data", "node")
+
+    def __init__(
+        self, node: fx.Node, data: Any, *, copy: bool = False, exact: bool = False
+    ) -> None:
+        self.node = node
+        self.data = data
+        self._copy = copy or exact  # the old node again: same op on the new values of its inputs
+        self._exact = exact  # ... and those inputs are unchanged: ``data`` is its meta["val"]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.node.meta
+
+    def to_tensor(self) -> torch.Tensor:
+        """The (fake) tensor this value stands for."""
+        if not isinstance(self.data, torch.Tensor):
+            raise TypeError(f"{self.node.name} is not a tensor but {type(self.data).__name__}")
+        return self.data
+
+    def is_tensor(self) -> bool:
+        return isinstance(self.data, torch.Tensor)
+
+    def __repr__(self) -> str:
+        return f"ProxyValue({self.node.name})"
+
+
+def map_args(
+    op: Any, fn: Callable[[Any, Any], Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Apply ``fn(value, schema_argument)`` to every argument of an ATen op call.
+
+    ``schema_argument`` is the ``torch._C.Argument`` of the op's schema (``.name``,
+    ``.type``, ``.kwarg_only``), so a pass can act on arguments by their declared type —
+    the seed's ``args_map``. Ops without a schema are returned unchanged.
+    """
+    args, kwargs = list(args), dict(kwargs)
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return tuple(args), kwargs
+    for i, arg in enumerate(schema.arguments):
+        if arg.name in kwargs:
+            kwargs[arg.name] = fn(kwargs[arg.name], arg)
+        elif not arg.kwarg_only and i < len(args):
+            args[i] = fn(args[i], arg)
+    return tuple(args), kwargs
+
+
+def _location(obj: Any) -> str:
+    try:
+        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+    except (TypeError, OSError):
+        return ""
+
+
+class InterpreterPass(Pass):
+    """Base class of interpreter passes; override :meth:`call_operator` (and the other hooks).
+
+    >>> class ReplaceAddWithMulSub(InterpreterPass):
+    ...     def call_operator(self, op, args, kwargs, meta):
+    ...         if op is not torch.ops.aten.add.Tensor:
+    ...             return super().call_operator(op, args, kwargs, meta)
+    ...         x, y = args
+    ...         mul = super().call_operator(torch.ops.aten.mul.Tensor, (x, y), {}, meta)
+    ...         return super().call_operator(torch.ops.aten.sub.Tensor, (mul, y), {}, meta)
+    >>> result = ReplaceAddWithMulSub()(gm)          # doctest: +SKIP
+
+    The graph must carry fake values (``meta["val"]`` on placeholders, as graphs from
+    ``torch.export``, AOTAutograd and Dynamo do) or the run must have ``sample_inputs``.
+    """
+
+    statistics = {"rewritten": "nodes the pass replaced by something other than a copy"}
+
+    # ----- hooks to override ---------------------------------------------------------------
+    def call_operator(
+        self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], meta: dict[str, Any]
+    ) -> ProxyValue:
+        """Emit ``op(*args, **kwargs)`` into the new graph and return its value.
+
+        ``meta`` is the metadata of the node being rewritten; the new node inherits its
+        stack trace and module stack. ``args`` may hold :class:`ProxyValue` objects,
+        Python scalars and real tensors (which become constants).
+        """
+        return self._emit(op, args, kwargs, meta)
+
+    def call_getitem(self, value: ProxyValue, key: int, meta: dict[str, Any]) -> ProxyValue:
+        """Emit ``value[key]`` (an element of a multi-output op)."""
+        return self._emit(operator.getitem, (value, key), {}, meta)
+
+    def placeholder(self, name: str, arg: Any, meta: dict[str, Any]) -> ProxyValue:
+        """Emit a graph input named ``name`` whose fake value is ``arg``."""
+        node = self._graph.placeholder(name)
+        node.meta.update(meta)
+        node.meta["val"] = arg
+        return ProxyValue(node, arg, exact=self._current is not None and name == self._current.name)
+
+    def output(self, results: list[Any], meta: dict[str, Any]) -> Any:
+        """Emit the graph's output."""
+        old = self._current
+        structure = pytree.tree_map(
+            lambda v: v.node if isinstance(v, ProxyValue) else self._lift(v), results
+        )
+        node = self._graph.output(structure, type_expr=getattr(old, "type", None))
+        node.meta.update(meta)
+        return node
+
+    # ----- running -------------------------------------------------------------------------
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        self._setup(gm)
+        try:
+            for node in gm.graph.nodes:
+                self._visit(node)
+            if not self._changed:
+                return PassResult(gm, False)
+            return PassResult(self._finish(gm), True, {"rewritten": self._rewrites})
+        finally:
+            self._teardown()
+
+    def _setup(self, gm: fx.GraphModule) -> None:
+        self._gm = gm
+        self._graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
+        self._graph._codegen = copy.deepcopy(gm.graph._codegen)
+        self._env: dict[fx.Node, Any] = {}
+        self._constants: dict[str, torch.Tensor] = {}
+        self._changed = False
+        self._rewrites = 0
+        self._current: fx.Node | None = None
+        self._inputs_seen = 0
+        self._mode = self._find_fake_mode(gm)
+        ctx = current_context()
+        self._ctx = ctx
+        inputs = ctx.sample_inputs if ctx is not None else None
+        self._sample = list(inputs) if inputs is not None else None
+
+    def _teardown(self) -> None:
+        for attr in ("_gm", "_graph", "_env", "_constants", "_ctx", "_sample", "_current"):
+            self.__dict__.pop(attr, None)
+
+    @staticmethod
+    def _find_fake_mode(gm: fx.GraphModule) -> Any:
+        from torch._guards import detect_fake_mode
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        vals = [n.meta["val"] for n in gm.graph.nodes if "val" in n.meta]
+        return detect_fake_mode(vals) or FakeTensorMode(allow_non_fake_inputs=True)
+
+    def _visit(self, node: fx.Node) -> None:
+        self._current = node
+        if node.op == "placeholder":
+            value = self._input_value(node, self._inputs_seen)
+            self._inputs_seen += 1
+            self._env[node] = self.placeholder(node.name, value, node.meta)
+        elif node.op == "output":
+            results = fx.node.map_arg(node.args[0], self._env.__getitem__)
+            self.output(results, node.meta)
+        elif node.op == "get_attr":
+            new = self._graph.get_attr(node.target)
+            new.meta.update(node.meta)
+            self._env[node] = ProxyValue(new, node.meta.get("val"), exact=True)
+        else:
+            self._rewrite(node)
+        if node.op in ("placeholder", "get_attr"):
+            self._changed |= not getattr(self._env[node], "_exact", False)
+
+    def _input_value(self, node: fx.Node, index: int) -> Any:
+        if "val" in node.meta:
+            return node.meta["val"]
+        if self._sample is not None and index < len(self._sample):
+            value = self._sample[index]
+            if isinstance(value, torch.Tensor):
+                return self._mode.from_tensor(value)
+            return value
+        raise ValueError(
+            f"{type(self).__name__}: input '{node.name}' has no meta['val'] and the run has no "
+            "sample_inputs; capture the graph with torch.export / AOTAutograd / Dynamo, or "
+            "pass sample_inputs (one per placeholder)"
+        )
+
+    def _rewrite(self, node: fx.Node) -> None:
+        args = fx.node.map_arg(node.args, self._env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, self._env.__getitem__)
+        mark = self._graph._root._prev  # the last node before this step
+        meta = dict(node.meta)
+        result = self._dispatch(node, args, kwargs, meta)
+        created = self._created_since(mark)
+        copied = (
+            isinstance(result, ProxyValue)
+            and result._copy
+            and len(created) == 1
+            and result.node is created[0]
+        )
+        if not copied:
+            ctx = self._ctx
+            if ctx is not None and not ctx.allow():  # a debug counter said no: copy instead
+                for n in reversed(created):
+                    self._graph.erase_node(n)
+                result = self._copy(node)
+            else:
+                self._changed = True
+                self._rewrites += 1
+                self._mark_provenance(node, created)
+                if ctx is not None:
+                    ctx.notify(ChangeEvent("replace", self.name, [node], created))
+        elif not result._exact:
+            self._changed = True  # an input changed upstream; this node was re-run on it
+        self._env[node] = result
+
+    def _dispatch(self, node: fx.Node, args, kwargs, meta) -> Any:
+        if node.op == "call_function" and node.target is operator.getitem:
+            return self.call_getitem(args[0], args[1], meta)
+        if node.op == "call_function":
+            return self.call_operator(node.target, args, kwargs, meta)
+        return self._emit_node(node.op, node.target, args, kwargs, meta)
+
+    def _copy(self, node: fx.Node) -> ProxyValue:
+        args = fx.node.map_arg(node.args, self._env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, self._env.__getitem__)
+        return self._emit_node(node.op, node.target, args, kwargs, dict(node.meta))
+
+    def _created_since(self, mark: fx.Node) -> list[fx.Node]:
+        out, n = [], mark._next
+        while n is not self._graph._root:
+            out.append(n)
+            n = n._next
+        return out
+
+    def _mark_provenance(self, old: fx.Node, created: list[fx.Node]) -> None:
+        from torch.fx.traceback import NodeSource, NodeSourceAction
+
+        where = _location(type(self).call_operator)
+        for n in created:
+            n.meta["from_node"] = [NodeSource(old, self.name, NodeSourceAction.REPLACE)]
+            n.meta["fxpass_provenance"] = {
+                "rule": type(self).__name__,
+                "pass": self.name,
+                "replaced": [old.name],
+                "location": where,
+            }
+
+    # ----- building nodes ------------------------------------------------------------------
+    def _emit(self, op: Any, args, kwargs, meta) -> ProxyValue:
+        return self._emit_node("call_function", op, args, kwargs, meta)
+
+    def _emit_node(self, kind: str, target: Any, args, kwargs, meta) -> ProxyValue:
+        old = self._current
+        same = old is not None and old.op == kind and old.target is target
+        copied = same and self._same_inputs(old, args, kwargs, exact=False)
+        exact = copied and self._same_inputs(old, args, kwargs, exact=True)
+        node_args = pytree.tree_map(self._as_arg, args)
+        node_kwargs = pytree.tree_map(self._as_arg, kwargs)
+        name = old.name if same else None
+        node = self._graph.create_node(kind, target, node_args, node_kwargs, name=name)
+        if exact:
+            node.meta = dict(old.meta)
+            return ProxyValue(node, old.meta.get("val"), exact=True)
+        for key in _INHERITED:
+            if key in meta:
+                node.meta[key] = meta[key]
+        val = self._fake_run(kind, target, args, kwargs, old if same else None)
+        node.meta["val"] = val
+        return ProxyValue(node, val, copy=copied)
+
+    def _same_inputs(self, old: fx.Node, args, kwargs, *, exact: bool) -> bool:
+        """Whether ``args``/``kwargs`` are the new values of the old node's inputs (and,
+        with ``exact``, each of them an unchanged copy)."""
+        env = self._env
+
+        def same(new: Any, was: Any) -> bool:
+            if isinstance(was, fx.Node):
+                v = env.get(was)
+                return v is new and (not exact or (isinstance(v, ProxyValue) and v._exact))
+            if isinstance(was, (list, tuple)):
+                return (
+                    isinstance(new, (list, tuple))
+                    and len(new) == len(was)
+                    and all(same(a, b) for a, b in zip(new, was))
+                )
+            if isinstance(new, (ProxyValue, torch.Tensor)):
+                return False
+            return type(new) is type(was) and new == was
+
+        if set(kwargs) != set(old.kwargs):
+            return False
+        return same(tuple(args), tuple(old.args)) and all(
+            same(kwargs[k], old.kwargs[k]) for k in kwargs
+        )
+
+    def _as_arg(self, value: Any) -> Any:
+        if isinstance(value, ProxyValue):
+            return value.node
+        if isinstance(value, torch.Tensor):
+            return self._lift(value)
+        return value
+
+    def _lift(self, value: Any) -> Any:
+        """A real tensor becomes a constant of the new module, read by a get_attr node."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        name = f"_tensor_constant{len(self._constants)}"
+        while hasattr(self._gm, name) or name in self._constants:
+            name += "_"
+        self._constants[name] = value
+        first = next((n for n in self._graph.nodes if n.op != "placeholder"), None)
+        where = (
+            self._graph.inserting_before(first)
+            if first is not None
+            else self._graph.inserting_after()
+        )
+        with where:
+            node = self._graph.get_attr(name)
+        node.meta["val"] = self._mode.from_tensor(value)
+        return node
+
+    def _fake_run(self, kind: str, target: Any, args, kwargs, old: fx.Node | None) -> Any:
+        if kind not in ("call_function", "call_method"):
+            return old.meta.get("val") if old is not None else None
+
+        def fake(v: Any) -> Any:
+            if isinstance(v, ProxyValue):
+                return v.data
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch._subclasses.FakeTensor):
+                return self._mode.from_tensor(v)
+            return v
+
+        fargs = pytree.tree_map(fake, args)
+        fkwargs = pytree.tree_map(fake, kwargs)
+        try:
+            with self._mode:
+                if kind == "call_method":
+                    return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
+                return target(*fargs, **fkwargs)
+        except Exception as e:
+            raise RuntimeError(
+                f"{type(self).__name__}: running {target} on fake tensors failed while "
+                f"rewriting '{self._current.name if self._current else '?'}': {e}"
+            ) from e
+
+    def _finish(self, gm: fx.GraphModule) -> fx.GraphModule:
+        for n in list(self._graph.nodes):  # constants of rewrites a debug counter refused
+            if n.op == "get_attr" and n.target in self._constants and not n.users:
+                self._graph.erase_node(n)
+                del self._constants[n.target]
+        root: dict[str, Any] = dict(self._constants)
+        for n in self._graph.nodes:
+            if n.op in ("get_attr", "call_module") and n.target not in root:
+                root[n.target] = _resolve(gm, str(n.target))
+        graph = self._graph
+        graph._co_fields = dict(getattr(gm.graph, "_co_fields", {}))
+        new = fx.GraphModule(root, graph, class_name=type(gm).__name__)
+        new.meta = dict(gm.meta)
+        return new
+
+
+def _resolve(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+#: ExecuTorch's name for the same base class, for code migrating from ``exir.pass_base``.
+ExportPass = InterpreterPass
