@@ -6,13 +6,14 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from torch import fx
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
 from ...core.context import ChangeEvent, current_context
 
-__all__ = ["allow", "erase", "new_node_meta", "notify", "replace_all_uses"]
+__all__ = ["allow", "erase", "fake_value", "new_node_meta", "notify", "replace_all_uses"]
 
 
 def allow() -> bool:
@@ -71,3 +72,41 @@ def new_node_meta(new: fx.Node, replaced: Sequence[fx.Node], rule: str, pass_nam
         "replaced": [n.name for n in replaced],
         "location": _caller(),
     }
+
+
+def fake_value(
+    target: Any, args: Any, kwargs: Any, *, method: bool = False, like: Any = None
+) -> Any:
+    """What ``target(*args, **kwargs)`` would return, computed on the nodes' example values
+    in their fake mode (or ``like``'s, for calls without tensor arguments); None when an
+    argument has no example value or the call fails."""
+    from torch._guards import detect_fake_mode
+
+    from ._alias import node_val
+
+    missing = []
+
+    def val(n: fx.Node) -> Any:
+        v = node_val(n)
+        if v is None:
+            missing.append(n)
+        return v
+
+    fargs, fkwargs = fx.node.map_arg((args, kwargs), val)
+    if missing:
+        return None
+    try:
+        mode = detect_fake_mode((fargs, fkwargs, like))
+    except AssertionError:  # example values from different fake modes
+        return None
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            if method:
+                return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
+            return target(*fargs, **fkwargs)
+    except Exception:  # an op the fake mode cannot run: the caller leaves the node alone
+        return None

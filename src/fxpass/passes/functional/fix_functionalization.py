@@ -1,0 +1,235 @@
+"""``fix_functionalization``: functionalized mutating ops become in-place calls again."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+from ...core.context import stat
+from ...core.registry import _builtin
+from ..cleanup._alias import AliasInfo
+from ..cleanup._edit import allow, fake_value, new_node_meta, notify
+
+__all__ = ["fix_functionalization"]
+
+aten = torch.ops.aten
+_HOPS = ("auto_functionalized", "auto_functionalized_v2")
+
+
+def _hop(node: fx.Node) -> str | None:
+    target = node.target
+    if node.op == "call_function" and isinstance(target, torch._ops.HigherOrderOperator):
+        name = target.name()
+        if name in _HOPS and isinstance(node.args[0], torch._ops.OpOverload):
+            return name
+    return None
+
+
+def _mutable(schema: torch.FunctionSchema) -> list[torch.Argument]:
+    return [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+class _Call:
+    """One functionalized call, read back: the op, its arguments (mutable ones as views
+    still to build), and the bases it writes."""
+
+    def __init__(self, node: fx.Node, kind: str) -> None:
+        self.node, self.kind = node, kind
+        self.op: torch._ops.OpOverload = node.args[0]
+        self.schema = self.op._schema
+        kwargs = dict(node.kwargs)
+        returns = len(self.schema.returns)
+        self.offset = returns if returns > 1 else 1  # outputs first, then the new bases
+        self.views: dict[str, Any] = {}
+        if kind == "auto_functionalized_v2":
+            self.bases: list[fx.Node] = list(kwargs.pop("_all_bases"))
+            kwargs.pop("_only_clone_these_bases", None)
+            for arg in _mutable(self.schema):
+                self.views[arg.name] = self._read_view(kwargs, f"_{arg.name}", arg.type)
+        else:
+            self.bases = []
+            for arg in _mutable(self.schema):
+                value = kwargs.pop(arg.name)
+                self.views[arg.name] = ("node", value)
+                self.bases.append(value)
+        self.kwargs = kwargs  # the op's other arguments, by name
+
+    def _read_view(self, kwargs: dict, prefix: str, typ: Any) -> Any:
+        if f"{prefix}_length" in kwargs:  # Tensor[]: one view per element
+            length = kwargs.pop(f"{prefix}_length")
+            if length is None:
+                return None
+            return [self._read_view(kwargs, f"{prefix}_{i}", None) for i in range(length)]
+        index = kwargs.pop(f"{prefix}_base_index")
+        if index is None:
+            return None
+        if kwargs.pop(f"{prefix}_alias", None) is not None:
+            return ("alias", index)
+        if f"{prefix}_storage_offset" in kwargs:
+            geometry = [kwargs.pop(f"{prefix}_{k}") for k in ("size", "stride", "storage_offset")]
+            return ("as_strided", index, *geometry)
+        if f"{prefix}_slice_dim" in kwargs:
+            where = [kwargs.pop(f"{prefix}_slice_{k}") for k in ("dim", "start", "end")]
+            return ("slice", index, *where)
+        return ("base", index)
+
+    def build_view(self, view: Any) -> Any:
+        """The node (or list) the in-place op is called with for one mutable argument."""
+        graph = self.node.graph
+        if view is None:
+            return None
+        if isinstance(view, list):
+            return [self.build_view(v) for v in view]
+        kind, rest = view[0], view[1:]
+        if kind == "node":
+            return rest[0]
+        base = self.bases[rest[0]]
+        if kind == "base":
+            return base
+        target = {"alias": aten.alias.default, "as_strided": aten.as_strided.default}.get(
+            kind, aten.slice.Tensor
+        )
+        args = (base,) if kind == "alias" else (base, *rest[1:])
+        made = graph.call_function(target, args)
+        made.meta["val"] = fake_value(target, args, {})
+        new_node_meta(made, [self.node], "view_of_base", "fix_functionalization")
+        return made
+
+
+def _nodes(value: Any) -> list[fx.Node]:
+    out: list[fx.Node] = []
+    fx.node.map_arg(value, out.append)
+    return out
+
+
+def _writebacks(call: _Call, info: AliasInfo) -> dict[fx.Node, fx.Node]:
+    """``copy_(input, new_value)`` nodes that write a new base back into a graph input
+    (AOTAutograd's input mutations), by base."""
+    found = {}
+    for j, base in enumerate(call.bases):
+        for user in call.node.users:
+            if user.target is operator.getitem and user.args[1] == call.offset + j:
+                for reader in user.users:
+                    if reader.target is aten.copy_.default and reader.args[:2] == (base, user):
+                        found[base] = reader
+    return found
+
+
+def _reinplaceable(call: _Call, info: AliasInfo, writebacks: dict) -> bool:
+    """Would writing the bases in place go unnoticed? No base is read after the call (but
+    by its write-back), the caller's memory is written only where a write-back copies the
+    new value into it anyway, and no base shares memory with another argument."""
+    here = info.pos[call.node]
+    seen: frozenset[fx.Node] = frozenset()
+    others = frozenset().union(*(info.roots(n) for n in _nodes(call.kwargs)))
+    for base in call.bases:
+        roots = info.roots(base)
+        if roots & seen or roots & others:
+            return False
+        seen |= roots
+        if info.external(roots) and base not in writebacks:
+            return False
+        for alias in info.aliases(roots):
+            for user in alias.users:
+                later = info.pos.get(user, here) > here
+                if later and user is not writebacks.get(base):
+                    return False
+    return True
+
+
+def _rewrite(call: _Call, writebacks: dict) -> None:
+    node, graph = call.node, call.node.graph
+    with graph.inserting_before(node):
+        named = dict(call.kwargs)
+        for name, view in call.views.items():
+            named[name] = call.build_view(view)
+        args, kwargs, gap = [], {}, False
+        for arg in call.schema.arguments:
+            if arg.name not in named:
+                gap = True  # a defaulted argument: the ones after it go by name
+                continue
+            if arg.kwarg_only or gap:
+                kwargs[arg.name] = named[arg.name]
+            else:
+                args.append(named[arg.name])
+        inplace = graph.call_function(call.op, tuple(args), kwargs)
+    new_node_meta(inplace, [node], "reinplace", "fix_functionalization")
+    returns = len(call.schema.returns)
+    for user in list(node.users):
+        index = user.args[1]
+        if index >= call.offset:  # a new base: the base itself, now written in place
+            j = index - call.offset
+            if call.kind == "auto_functionalized_v2":
+                new = call.bases[j]
+            else:
+                new = named[_mutable(call.schema)[j].name]
+            user.replace_all_uses_with(new)
+            graph.erase_node(user)
+        elif returns == 1:
+            user.replace_all_uses_with(inplace)
+            graph.erase_node(user)
+        else:
+            user.args = (inplace, index)
+    for copy in writebacks.values():
+        if copy.args[0] is copy.args[1]:  # the write-back now copies a tensor into itself
+            copy.replace_all_uses_with(copy.args[0])
+            graph.erase_node(copy)
+            stat("copies_removed")
+    inplace.meta["val"] = node.meta.get("val", (None,))[0] if returns == 1 else None
+    graph.erase_node(node)
+    notify("replace", "fix_functionalization", [node], [inplace])
+
+
+@_builtin("fix_functionalization")
+def fix_functionalization(gm: fx.GraphModule) -> bool:
+    """Turn ``auto_functionalized`` / ``auto_functionalized_v2`` calls of mutating ops back
+    into in-place calls where nothing can tell.
+
+    Functionalization (export, AOTAutograd) wraps every op that writes its arguments
+    (``Tensor(a!)`` in its schema — ``fxpass::fused_add_rmsnorm_``, a user's custom op) in
+    a higher-order op that clones the written arguments, calls the op on the clones and
+    returns the new values. Backends want the in-place call (TensorRT-LLM's fused
+    ``flashinfer_fused_add_rmsnorm``). A call is put back in place when no base it writes
+    is read after it (other than by AOTAutograd's write-back ``copy_`` into a graph input,
+    which then goes), it writes the caller's memory only where such a write-back exists,
+    and its written arguments share memory with nothing else it reads. Views of bases
+    (``auto_functionalized_v2``'s view records) are rebuilt with ``alias``, ``slice`` or
+    ``as_strided``. No list of ops: the schemas' alias annotations say what is written.
+
+    Before / after::
+
+        %af = auto_functionalized_v2(fxpass.fused_add_rmsnorm_, weight=%w, eps=1e-06,
+                  _x_base_index=0, _residual_base_index=1, _all_bases=[%x, %r])
+        %x_new = getitem(%af, 1)               ->    %op = fxpass.fused_add_rmsnorm_(%x, %r, %w, 1e-06)
+        %r_new = getitem(%af, 2)                     return (%x, %r)
+        return (%x_new, %r_new)
+    """
+    changed = False
+    info: AliasInfo | None = None
+    for node in list(gm.graph.nodes):
+        kind = _hop(node)
+        if kind is None:
+            continue
+        if not all(u.target is operator.getitem for u in node.users):
+            stat("kept")
+            continue
+        info = info or AliasInfo(gm.graph)
+        call = _Call(node, kind)
+        writebacks = _writebacks(call, info)
+        if _reinplaceable(call, info, writebacks) and allow():
+            _rewrite(call, writebacks)
+            stat("reinplaced")
+            changed, info = True, None
+        else:
+            stat("kept")
+    return changed
+
+
+fix_functionalization.statistics = {
+    "reinplaced": "functionalized calls turned back into in-place calls",
+    "kept": "functionalized calls left alone because a reader or the caller could tell",
+    "copies_removed": "write-back copies made redundant",
+}

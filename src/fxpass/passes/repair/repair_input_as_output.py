@@ -1,0 +1,75 @@
+"""``repair_input_as_output``: no graph input is also a graph output (Torch-TensorRT)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from ...core.context import stat
+from ...core.contract import PassResult
+from ...core.registry import _builtin
+from ..cleanup._alias import node_val
+from ..cleanup._edit import allow, fake_value, new_node_meta, notify
+
+__all__ = ["repair_input_as_output"]
+
+
+def _is_tensor(node: fx.Node, index: int, sample_inputs: Sequence[Any]) -> bool | None:
+    """Is the placeholder a tensor? From its example value, the sample input, its type."""
+    val = node_val(node)
+    if val is not None:
+        return isinstance(val, torch.Tensor)
+    if index < len(sample_inputs):
+        return isinstance(sample_inputs[index], torch.Tensor)
+    if isinstance(node.type, type):
+        return issubclass(node.type, torch.Tensor)
+    return None
+
+
+@_builtin("repair_input_as_output")
+def repair_input_as_output(
+    gm: fx.GraphModule, sample_inputs: Sequence[Any], *, assume_tensors: bool = False
+) -> PassResult:
+    """Insert a clone where a graph input is also a graph output.
+
+    TensorRT engines (and other backends) reject a graph whose input is returned as an
+    output; Torch-TensorRT's example lowering pass inserts an identity. Whether a
+    placeholder is a tensor comes from its example value, the sample input at its position
+    or its annotated type; placeholders that none of these describe are left alone unless
+    ``assume_tensors=True``. One clone per input serves all of its output positions.
+
+    Before / after::
+
+        %x = placeholder[target=x]               %x = placeholder[target=x]
+        %y = aten.relu(%x)                ->     %clone = aten.clone(%x)
+        return (%x, %y)                          %y = aten.relu(%x)
+                                                 return (%clone, %y)
+    """
+    inputs = list(sample_inputs or [])
+    changed = False
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for index, node in enumerate(placeholders):
+        outputs = [u for u in node.users if u.op == "output"]
+        if not outputs:
+            continue
+        tensor = _is_tensor(node, index, inputs)
+        if not (tensor or (tensor is None and assume_tensors)) or not allow():
+            continue
+        with gm.graph.inserting_after(placeholders[-1]):
+            clone = gm.graph.call_function(torch.ops.aten.clone.default, (node,))
+        val = fake_value(torch.ops.aten.clone.default, (node,), {})
+        if val is not None:
+            clone.meta["val"] = val
+        new_node_meta(clone, [node], "input_as_output", "repair_input_as_output")
+        for out in outputs:
+            out.replace_input_with(node, clone)
+        notify("insert", "repair_input_as_output", [node], [clone])
+        stat("clones_inserted")
+        changed = True
+    return PassResult(gm, changed)
+
+
+repair_input_as_output.statistics = {"clones_inserted": "inputs returned through a new clone"}

@@ -1,0 +1,154 @@
+"""``scalar_to_tensor``: Python numbers in ops' tensor arguments become 0-d tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ...core.context import stat
+from ...core.registry import _builtin
+from ..cleanup._alias import node_val
+from ..cleanup._edit import allow, fake_value, new_node_meta, notify
+
+__all__ = ["scalar_to_tensor"]
+
+_NUMBER = (bool, int, float)
+_SCALAR_TO_TENSOR = {("Scalar", "Tensor"), ("number", "Tensor")}  # how schemas print Scalar
+
+
+def _tensor_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The overload of ``op`` that takes tensors where ``op`` takes Scalars (``add.Scalar``
+    -> ``add.Tensor``, ``pow.Tensor_Scalar`` -> ``pow.Tensor_Tensor``), else None."""
+    args = op._schema.arguments
+    packet = op.overloadpacket
+    for name in packet.overloads():
+        other = getattr(packet, name)
+        theirs = other._schema.arguments
+        if other is op or len(theirs) != len(args) or other._schema.is_mutable:
+            continue
+        fits = all(
+            a.name == b.name
+            and (str(a.type) == str(b.type) or (str(a.type), str(b.type)) in _SCALAR_TO_TENSOR)
+            for a, b in zip(args, theirs)
+        )
+        if fits and len(other._schema.returns) == len(op._schema.returns):
+            return other
+    return None
+
+
+def _scalar_dtype(like: torch.Tensor, value: Any) -> torch.dtype:
+    """The dtype for ``value`` as a 0-d tensor next to ``like``: what promotion gives, but
+    at least float32 for floats (a bf16 ``1e-6`` would round; the kernels compute a scalar
+    operand in float32 anyway)."""
+    dtype = torch.result_type(like, value)
+    if dtype.is_floating_point and dtype.itemsize < 4:
+        return torch.float32
+    return dtype
+
+
+def _bind(node: fx.Node, old: torch.FunctionSchema, new: torch.FunctionSchema):
+    """The node's arguments by name (from ``old``), laid out as ``new`` takes them."""
+    values = {}
+    for i, arg in enumerate(old.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            values[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            values[arg.name] = node.kwargs[arg.name]
+    args, kwargs, gap = [], {}, False
+    for arg in new.arguments:
+        if arg.name not in values:
+            gap = True  # later positional arguments must go by name
+        elif arg.kwarg_only or gap:
+            kwargs[arg.name] = values[arg.name]
+        else:
+            args.append(values[arg.name])
+    return args, kwargs
+
+
+def _numbers(node: fx.Node, target: torch._ops.OpOverload) -> list[str]:
+    args, kwargs = _bind(node, node.target._schema, target._schema)
+    named = dict(zip((a.name for a in target._schema.arguments), args)) | kwargs
+    return [
+        a.name
+        for a in target._schema.arguments
+        if str(a.type) == "Tensor" and isinstance(named.get(a.name), _NUMBER)
+    ]
+
+
+def _convert(node: fx.Node, target: torch._ops.OpOverload, names: list[str]) -> bool:
+    like = next(
+        (node_val(a) for a in node.all_input_nodes if isinstance(node_val(a), torch.Tensor)),
+        None,
+    )
+    if like is None:
+        return False
+    args, kwargs = _bind(node, node.target._schema, target._schema)
+    positions = {a.name: i for i, a in enumerate(target._schema.arguments)}
+    made = []
+    for name in names:
+        i = positions[name]
+        value = args[i] if i < len(args) else kwargs[name]
+        with node.graph.inserting_before(node):
+            scalar = node.graph.call_function(
+                torch.ops.aten.scalar_tensor.default,
+                (value,),
+                {"dtype": _scalar_dtype(like, value), "device": like.device},
+            )
+        scalar.meta["val"] = fake_value(scalar.target, scalar.args, scalar.kwargs, like=like)
+        made.append(scalar)
+        if i < len(args):
+            args[i] = scalar
+        else:
+            kwargs[name] = scalar
+    old, new = node_val(node), fake_value(target, tuple(args), kwargs)
+    same = isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)
+    if not (same and (new.shape, new.dtype) == (old.shape, old.dtype)):
+        for scalar in made:  # promotion would change the result: undo
+            node.graph.erase_node(scalar)
+        return False
+    node.target, node.args, node.kwargs = target, tuple(args), kwargs
+    for scalar in made:
+        new_node_meta(scalar, [node], "scalar_to_tensor", "scalar_to_tensor")
+    notify("modify", "scalar_to_tensor", [node], [*made, node])
+    stat("scalars_converted", len(made))
+    return True
+
+
+@_builtin("scalar_to_tensor")
+def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bool:
+    """Turn Python numbers passed to ops as tensors into 0-d tensors (ExecuTorch's
+    ``ScalarToTensorPass``), for backends whose kernels take only tensors.
+
+    A number in a ``Tensor`` argument (export writes ``aten.mul.Tensor(%x, 0.5)``) becomes
+    an ``aten.scalar_tensor`` node. With ``switch_overloads`` (the default), ops with a
+    tensor overload switch to it (``add.Scalar`` -> ``add.Tensor``, ``pow.Tensor_Scalar``
+    -> ``pow.Tensor_Tensor``). The 0-d tensor's dtype keeps the op's result dtype (floats
+    are at least float32, so ``1e-6`` does not round to bf16); a rewrite that would change
+    the result's dtype or shape is not made. Only ATen-level graphs (export, AOT).
+
+    Before / after::
+
+        %mul = aten.mul.Tensor(%x, 0.5)    ->     %scalar_tensor = aten.scalar_tensor(0.5, dtype=torch.float32)
+                                                  %mul = aten.mul.Tensor(%x, %scalar_tensor)
+    """
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        target = original = node.target
+        if switch_overloads:
+            target = _tensor_overload(target) or target
+        names = _numbers(node, target)
+        if names and allow() and _convert(node, target, names):
+            if target is not original:
+                stat("overloads_switched")
+            changed = True
+    return changed
+
+
+scalar_to_tensor.statistics = {
+    "scalars_converted": "numbers replaced by 0-d tensors",
+    "overloads_switched": "Scalar overloads replaced by their Tensor overload",
+}
