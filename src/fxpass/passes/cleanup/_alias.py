@@ -13,8 +13,8 @@ The analysis is a snapshot of the graph: rebuild it after changing the graph.
 
 from __future__ import annotations
 
+import functools
 import operator
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -113,12 +113,42 @@ def op_schema(node: fx.Node) -> torch.FunctionSchema | None:
     return None
 
 
-def _schema_values(node: fx.Node, schema: torch.FunctionSchema) -> Iterator[tuple[Any, Any]]:
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args) and not arg.kwarg_only:
-            yield arg, node.args[i]
-        elif arg.name in node.kwargs:
-            yield arg, node.kwargs[arg.name]
+_Slots = tuple[tuple[int, str, bool], ...]  # (position, name, keyword-only) per argument
+
+
+@functools.cache
+def _write_slots(op: torch._ops.OpOverload) -> _Slots:
+    """The arguments of ``op`` it writes (``Tensor(a!)``), cached per op."""
+    return tuple(
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(op._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+@functools.cache
+def _alias_slots(op: torch._ops.OpOverload) -> _Slots:
+    """The arguments of ``op`` whose memory its results may share, cached per op."""
+    schema = op._schema
+    sets = set()
+    for ret in schema.returns:
+        if ret.alias_info is not None:
+            sets |= set(ret.alias_info.after_set) | set(ret.alias_info.before_set)
+    return tuple(
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(schema.arguments)
+        if sets and a.alias_info is not None and sets & set(a.alias_info.before_set)
+    )
+
+
+def _slot_nodes(node: fx.Node, slots: _Slots) -> list[fx.Node]:
+    out: list[fx.Node] = []
+    for i, name, kwarg_only in slots:
+        if i < len(node.args) and not kwarg_only:
+            fx.node.map_arg(node.args[i], out.append)
+        elif name in node.kwargs:
+            fx.node.map_arg(node.kwargs[name], out.append)
+    return out
 
 
 def _nodes_in(value: Any) -> list[fx.Node]:
@@ -141,13 +171,8 @@ def _hop_name(node: fx.Node) -> str | None:
 
 def written_args(node: fx.Node) -> list[fx.Node]:
     """The nodes whose memory ``node`` writes (in-place ops, ``out=``, ``copy_``, setitem)."""
-    schema = op_schema(node)
-    if schema is not None:
-        written = []
-        for arg, value in _schema_values(node, schema):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                written.extend(_nodes_in(value))
-        return written
+    if op_schema(node) is not None:
+        return _slot_nodes(node, _write_slots(node.target))
     if node.op not in ("call_function", "call_method", "call_module") or _hop_name(node):
         return []
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
@@ -169,19 +194,8 @@ def written_args(node: fx.Node) -> list[fx.Node]:
 
 def aliased_args(node: fx.Node) -> list[fx.Node]:
     """The input nodes whose memory ``node``'s result may share (views, in-place results)."""
-    schema = op_schema(node)
-    if schema is not None:
-        sets = set()
-        for ret in schema.returns:
-            if ret.alias_info is not None:
-                sets |= set(ret.alias_info.after_set) | set(ret.alias_info.before_set)
-        if not sets:
-            return []
-        out = []
-        for arg, value in _schema_values(node, schema):
-            if arg.alias_info is not None and sets & set(arg.alias_info.before_set):
-                out.extend(_nodes_in(value))
-        return out
+    if op_schema(node) is not None:
+        return _slot_nodes(node, _alias_slots(node.target))
     if node.op == "call_function" and node.target is operator.getitem:
         return _nodes_in(node.args[0])
     hop = _hop_name(node)
@@ -208,15 +222,20 @@ class AliasInfo:
         self._roots: dict[fx.Node, frozenset[fx.Node]] = {}
         self.writes: list[tuple[int, fx.Node, frozenset[fx.Node]]] = []
         self.output: fx.Node | None = None
+        self._by_root: dict[fx.Node, list[fx.Node]] = {}
+        self.written_by: dict[fx.Node, frozenset[fx.Node]] = {}
         for i, node in enumerate(graph.nodes):
             self.pos[node] = i
             roots = {node}
             for base in aliased_args(node):
                 roots |= self._roots.get(base, {base})
             self._roots[node] = frozenset(roots)
+            for r in roots:
+                self._by_root.setdefault(r, []).append(node)
             written = frozenset().union(*(self.roots(w) for w in written_args(node)))
             if written:
                 self.writes.append((i, node, written))
+                self.written_by[node] = written
             if node.op == "output":
                 self.output = node
 
@@ -241,7 +260,8 @@ class AliasInfo:
 
     def aliases(self, roots: frozenset[fx.Node]) -> list[fx.Node]:
         """Every node whose value may share memory with ``roots``."""
-        return [n for n, r in self._roots.items() if r & roots]
+        found = dict.fromkeys(n for r in roots for n in self._by_root.get(r, ()))
+        return list(found)
 
     def last_read(self, roots: frozenset[fx.Node]) -> float:
         """Position of the last node reading memory of ``roots`` (inf if the output does)."""

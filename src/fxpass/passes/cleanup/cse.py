@@ -110,7 +110,7 @@ def cse(gm: fx.GraphModule) -> bool:
     rep: dict[fx.Node, fx.Node] = {}
     changed = False
     for node in list(gm.graph.nodes):
-        for root in _written_roots(node, info):
+        for root in info.written_by.get(node, ()):
             version[root] = version.get(root, 0) + 1
         if not _candidate(node) or info.roots(node) & written:
             continue
@@ -128,10 +128,6 @@ def cse(gm: fx.GraphModule) -> bool:
             stat("merged")
             changed = True
     return changed
-
-
-def _written_roots(node: fx.Node, info: AliasInfo) -> frozenset[fx.Node]:
-    return frozenset().union(*(info.roots(w) for w in written_args(node)))
 
 
 cse.statistics = {"merged": "nodes replaced by an identical earlier node"}

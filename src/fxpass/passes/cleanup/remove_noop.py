@@ -132,7 +132,8 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
         if ok and allow():
             replace_all_uses(node, src, "remove_noop")
             stat("copies_removed" if kind == "copy" else "views_removed")
-            info = None  # the graph changed: the alias facts must be rebuilt
+            if kind == "copy":  # readers of the copy now alias its source: rebuild the facts
+                info = None
             changed = True
     return changed
 

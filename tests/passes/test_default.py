@@ -1,0 +1,32 @@
+"""The default pipeline: complete, in a deterministic order, and safe on real graphs."""
+
+from __future__ import annotations
+
+import torch
+from _models import count, exported_gm
+
+import fxpass as fp
+from fxpass.passes.default import DEFAULT_PASSES
+from fxpass.verify.numerics import sample_inputs_from_meta
+from fxpass.verify.testing import Captured, check_pass
+
+
+def test_default_list_is_the_documented_order():
+    assert fp.registry.pass_list("default").names()[: len(DEFAULT_PASSES)] == DEFAULT_PASSES
+    assert DEFAULT_PASSES[-2:] == ["cse", "dce"]
+    for name in DEFAULT_PASSES:
+        assert name in fp.registry.names()
+    fusions = [n for n in DEFAULT_PASSES if n.startswith("fuse_")]
+    assert fusions == sorted(fusions, key=lambda n: ("quant" not in n, "add" not in n))
+
+
+def test_default_pipeline_shrinks_an_exported_llama_and_keeps_its_numerics():
+    gm = exported_gm(layers=2)
+    nodes = len(gm.graph.nodes)
+    c = Captured(gm, sample_inputs_from_meta(gm), "export")
+    check = check_pass("default", c, modified=True)
+    out = check.graph_module
+    assert len(out.graph.nodes) < nodes
+    assert count(out, torch.ops.aten.expand.default) == 0
+    ran = [r.name for r in check.report.root.children[0].children]
+    assert ran == fp.registry.pass_list("default").names()
