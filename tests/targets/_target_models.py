@@ -63,3 +63,31 @@ def graph_state(ep: torch.export.ExportedProgram) -> tuple:
         sorted(ep.state_dict),
         sorted(ep.constants),
     )
+
+
+def rsqrt_to_reciprocal_sqrt(gm: torch.fx.GraphModule) -> bool:
+    """rsqrt(x) -> reciprocal(sqrt(x)), in ATen graphs and in Dynamo's torch-level graphs.
+
+    A real rewrite that every IR keeps until then (Inductor does not decompose rsqrt), so
+    tests can see that a pipeline ran where it should."""
+    import fxpass as fp
+
+    spellings = {
+        aten.rsqrt.default: (aten.sqrt.default, aten.reciprocal.default),
+        torch.rsqrt: (torch.sqrt, torch.reciprocal),
+    }
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in spellings:
+            continue
+        sqrt, reciprocal = spellings[node.target]
+        with gm.graph.inserting_before(node):
+            root = gm.graph.call_function(sqrt, (node.args[0],))
+            inv = gm.graph.call_function(reciprocal, (root,))
+        for new in (root, inv):
+            new.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+        node.replace_all_uses_with(inv)
+        gm.graph.erase_node(node)
+        fp.stat("rsqrt_rewritten")
+        changed = True
+    return changed
