@@ -14,7 +14,8 @@ op                                 schema
 =================================  ==========================================================
 
 Each op has a fake kernel (shapes and dtypes only, so torch.export, AOTAutograd and Dynamo
-trace through it), a reference kernel (:mod:`fxpass.ops.reference`, every device) and, on
+trace through it), a reference kernel (:mod:`fxpass.ops.reference`, every device; on CPU
+ATen's fused ``rms_norm`` where it computes the same thing) and, on
 CUDA, a Triton kernel (:mod:`fxpass.ops._triton_norm`) picked at run time when Triton is
 installed and the dtype is float16, bfloat16 or float32. The out-of-place ops are
 differentiable (the int8 output of the quantizing op has a zero gradient).
@@ -99,6 +100,19 @@ def kernel_for(x: Tensor) -> str:
     return "triton" if ok else "reference"
 
 
+def _rms_norm_cpu(x: Tensor, weight: Tensor, eps: float, weight_offset: float) -> Tensor:
+    """The reference formula; ATen's fused ``rms_norm`` where it computes exactly that (same
+    dtypes, no offset: it accumulates in float32 and rounds once), about 3x faster on CPU."""
+    if weight_offset == 0.0 and weight.dtype == x.dtype and x.dtype in _TRITON_DTYPES:
+        return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+    return reference.rms_norm(x, weight, eps, weight_offset)
+
+
+def _fused_add_cpu(x, residual, weight, eps, weight_offset) -> tuple[Tensor, Tensor]:
+    total = (x + residual).to(x.dtype)
+    return _rms_norm_cpu(total, weight, eps, weight_offset), total
+
+
 def _contiguous_out(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
 
@@ -113,7 +127,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 0.0) 
     """RMSNorm over the last dimension in float32: ``(x * rsqrt(mean(x²) + eps) *
     (weight + weight_offset)).to(x.dtype)``."""
     _check_norm("rms_norm", x, weight)
-    return reference.rms_norm(x, weight, eps, weight_offset)
+    return _rms_norm_cpu(x, weight, eps, weight_offset)
 
 
 @rms_norm.register_fake
@@ -145,7 +159,7 @@ def fused_add_rmsnorm(
     """``(rms_norm(x + residual), x + residual)``: the residual add fused into the norm."""
     _check_norm("fused_add_rmsnorm", x, weight)
     _check_residual("fused_add_rmsnorm", x, residual)
-    return reference.fused_add_rmsnorm(x, residual, weight, eps, weight_offset)
+    return _fused_add_cpu(x, residual, weight, eps, weight_offset)
 
 
 @fused_add_rmsnorm.register_fake
@@ -185,7 +199,8 @@ def fused_add_rmsnorm_quant(
     _check_norm("fused_add_rmsnorm_quant", x, weight)
     _check_residual("fused_add_rmsnorm_quant", x, residual)
     _check_scale("fused_add_rmsnorm_quant", scale)
-    return reference.fused_add_rmsnorm_quant(x, residual, weight, scale, eps, weight_offset)
+    normed, total = _fused_add_cpu(x, residual, weight, eps, weight_offset)
+    return reference.quantize_int8(normed, scale), total
 
 
 @fused_add_rmsnorm_quant.register_fake
@@ -222,7 +237,7 @@ def fused_add_rmsnorm_(
     """In place: ``residual`` becomes ``x + residual`` and ``x`` its RMSNorm."""
     _check_norm("fused_add_rmsnorm_", x, weight)
     _check_residual("fused_add_rmsnorm_", x, residual)
-    normed, total = reference.fused_add_rmsnorm(x, residual, weight, eps, weight_offset)
+    normed, total = _fused_add_cpu(x, residual, weight, eps, weight_offset)
     residual.copy_(total)
     x.copy_(normed)
 
