@@ -183,6 +183,11 @@ def main(argv=None) -> int:
     peak = peak_bandwidth() if torch.cuda.is_available() else None
     if peak:
         print(f"peak DRAM bandwidth of {torch.cuda.get_device_name(0)}: {peak / 1e9:.0f} GB/s")
+    print(
+        "ratios: eager/fused = speed-up from fusing; inductor/fused >= 1 means the fused op "
+        "is at least as fast as Inductor's code for the unfused ops; of_peak = fraction of "
+        "peak DRAM bandwidth (CUDA)"
+    )
     rows = []
     for device, sizes in plans:
         for tokens, hidden in sizes:
