@@ -111,9 +111,11 @@ def _load_pt2(path: Path) -> Target:
             LOAD,
         ) from e
     except pickle.UnpicklingError as e:
+        found = [ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln]
+        what = f" ({found[0].rstrip('.')})" if found else ""
         raise CliError(
-            f"refusing to load {path}: it holds objects other than plain tensors "
-            f"({str(e).splitlines()[0][:160]})",
+            f"refusing to load {path}: it holds pickled Python objects{what}, which could "
+            "run code; fxpass loads only plain tensors from .pt2 files",
             LOAD,
         ) from e
     except Exception as e:

@@ -179,10 +179,12 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     pipeline = parse_pipeline(spec)
     if html:
         check_writable(html, "report")
+    if output:  # fail before the (slow) load where the TARGET's name tells its kind
+        check_writable(output, "output")
+        _check_output_suffix(target, output)
     t = load_target(target)
     if output:
         _check_output_kind(t, output)
-        check_writable(output, "output")
     instruments: list[Any] = []
     if print_after_change or print_after_all:
         instruments.append(PrintIR(after=print_after_all, after_change=True, stream=sys.stderr))
@@ -228,6 +230,16 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     if diverged:
         raise CliError("numerics diverged" + ("" if not output else f"; {output} not written"),
                        NUMERICS)  # fmt: skip
+
+
+def _check_output_suffix(target: str, output: str) -> None:
+    kinds = {".pt2": "an exported program", ".fxgraph": "a GraphModule"}
+    suffix, want = Path(target).suffix, Path(output).suffix
+    if suffix in kinds and want != suffix:
+        raise CliError(
+            f"TARGET {target} is {kinds[suffix]}: write it to a {suffix} file, not {output}",
+            USAGE,
+        )
 
 
 def _check_output_kind(t: Target, output: str) -> None:

@@ -51,6 +51,7 @@ class RewriteInfo:
     index: int
     pass_path: str
     total: int = 0
+    pass_index: int = 0  # its number among the rewrites of that run of that pass
     rule: str = ""
     kind: str = ""
     old: list[str] = field(default_factory=list)
@@ -59,7 +60,7 @@ class RewriteInfo:
 
     def __str__(self) -> str:
         of = f" of {self.total}" if self.total else ""
-        text = f"#{self.index}{of}, in pass {self.pass_path}"
+        text = f"#{self.index}{of} in the run, #{self.pass_index} of pass {self.pass_path}"
         if self.rule:
             text += f", rule {self.rule}"
         if self.old or self.new:
@@ -272,7 +273,11 @@ def bisect(
         else:
             lo = mid
     _, cmp, event = fails(hi)
-    info = RewriteInfo(index=hi, pass_path=probe.where[hi - 1], total=n)
+    where = probe.where[hi - 1]
+    first = hi - 1
+    while first > 0 and probe.where[first - 1] == where:
+        first -= 1
+    info = RewriteInfo(index=hi, pass_path=where, total=n, pass_index=hi - first)
     if event is not None:
         info.rule, info.kind, info.location = event.rule, event.kind, event.location
         info.old = [getattr(x, "name", str(x)) for x in event.old]

@@ -1,0 +1,72 @@
+"""Running the fxpass command as a user does, and files to run it on."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+VERIFY = HERE.parent / "verify"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def fxpass(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 240) -> Result:
+    """``python -m fxpass ARGS`` in ``cwd``, output piped (not a terminal)."""
+    full_env = {**os.environ, **(env or {})}
+    paths = [str(HERE), str(VERIFY), full_env.get("PYTHONPATH", "")]
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    full_env.pop("FORCE_COLOR", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fxpass", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def one_line_error(result: Result) -> str:
+    """The error line; asserts it is the only line on stderr and there is no traceback."""
+    lines = [ln for ln in result.err.splitlines() if ln.strip()]
+    assert "Traceback" not in result.err, result.err
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("error: "), result.err
+    return lines[0]
+
+
+class Evil:
+    """Unpickling this runs code: it touches a file named in the constructor."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def poisoned_copy(src: Path, dst: Path, marker: Path) -> Path:
+    """``src`` (.pt2) with its stored sample inputs replaced by a code-running pickle."""
+    buf = io.BytesIO()
+    torch.save(Evil(str(marker)), buf)
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("sample_inputs/model.pt"):
+                data = buf.getvalue()
+            zout.writestr(item, data)
+    return dst

@@ -1,0 +1,143 @@
+"""`fxpass run` as a user runs it, and every bad input it must refuse in one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _helpers import fxpass, one_line_error, poisoned_copy
+
+from fxpass.verify import verify_numerics
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_run_saves_verifies_and_reports(work: Path):
+    r = fxpass("run", "tiny.pt2", "-p", "cse,dce", "-o", "out.pt2", "--report", "r.html",
+               "--verify", "--json", cwd=work)  # fmt: skip
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["ok"] and data["modified"]
+    assert [p["name"] for p in data["report"]["root"]["children"]] == ["cse", "dce"]
+    assert data["numerics"]["final"]["ok"]
+    assert [p["pass"] for p in data["numerics"]["passes"]] == ["cse"]
+    assert "\x1b[" not in r.out + r.err  # no color when output is not a terminal
+    original, saved = torch.export.load(work / "tiny.pt2"), torch.export.load(work / "out.pt2")
+    assert len(saved.graph.nodes) < len(original.graph.nodes)
+    assert verify_numerics(original, saved).ok
+    page = (work / "r.html").read_text()
+    assert "<svg" in page and "cse" in page
+    assert _leftovers(work) == []
+
+
+def test_run_prints_table_and_ir_after_change(work: Path):
+    r = fxpass("run", "tiny.pt2", "-p", "cse,dce", "--print-after-change", "--timing", cwd=work)
+    assert r.code == 0, r.err
+    assert "cse" in r.out and "merged=" in r.out
+    assert "// ----- IR after cse -----" in r.err  # IR goes to stderr, like MLIR's
+    assert "IR after dce" not in r.err  # dce changed nothing here
+    assert "Execution time report" in r.err
+
+
+def test_missing_file(work: Path):
+    r = fxpass("run", "nothere.pt2", cwd=work)
+    assert r.code == 3
+    assert "no such file: nothere.pt2" in one_line_error(r)
+
+
+@pytest.mark.parametrize("damage", ["not a zip", "truncated"])
+def test_corrupt_pt2(work: Path, damage: str):
+    data = (work / "tiny.pt2").read_bytes()
+    bad = b"garbage" if damage == "not a zip" else data[: len(data) // 2] + data[-2000:]
+    (work / "bad.pt2").write_bytes(bad)
+    r = fxpass("run", "bad.pt2", "-p", "cse", "-o", "out.pt2", cwd=work)
+    assert r.code == 3
+    assert "bad.pt2" in one_line_error(r)
+    assert not (work / "out.pt2").exists()
+
+
+def test_pt2_with_pickled_code_is_refused_and_runs_nothing(work: Path):
+    marker = work / "PWNED"
+    poisoned_copy(work / "tiny.pt2", work / "evil.pt2", marker)
+    r = fxpass("show", "evil.pt2", cwd=work)
+    assert r.code == 3
+    assert "refusing to load evil.pt2" in one_line_error(r)
+    assert not marker.exists()
+
+
+def test_malformed_spec(work: Path):
+    r = fxpass("run", "tiny.pt2", "-p", "cse,{", cwd=work)
+    assert r.code == 2
+    line = one_line_error(r)
+    assert "bad pipeline spec at column 5" in line
+
+
+def test_unknown_pass_suggests(work: Path):
+    r = fxpass("run", "tiny.pt2", "-p", "csee", cwd=work)
+    assert r.code == 2
+    assert "unknown pass 'csee'; did you mean 'cse'?" in one_line_error(r)
+
+
+def test_bad_option_value(work: Path):
+    r = fxpass("run", "tiny.pt2", "-p", "fixpoint{max_iterations=many}(cse)", cwd=work)
+    assert r.code == 2
+    assert "max_iterations" in one_line_error(r)
+
+
+def test_pass_that_raises(work: Path):
+    spec = "cse,planted_passes:explode"
+    r = fxpass("run", "tiny.pt2", "-p", spec, "-o", "out.pt2", "--reproducer", "crash",
+               cwd=work)  # fmt: skip
+    assert r.code == 1
+    line = one_line_error(r)
+    assert "pass 'explode' failed: RuntimeError: planted failure in explode" in line
+    assert "the input was left unchanged" in line
+    assert "fxpass repro" in line
+    assert not (work / "out.pt2").exists()
+    assert _leftovers(work) == []
+    # The reproducer fails the same way, with the same code.
+    folder = next((work / "crash").iterdir())
+    again = fxpass("repro", str(folder), cwd=work)
+    assert again.code == 1
+    assert "pass 'explode' failed: RuntimeError: planted failure in explode" in one_line_error(
+        again
+    )
+
+
+def test_debug_shows_the_traceback(work: Path):
+    r = fxpass("--debug", "run", "tiny.fxgraph", "-p", "planted_passes:explode", cwd=work)
+    assert r.code == 1
+    assert "Traceback" in r.err and "planted failure in explode" in r.err
+
+
+def test_unwritable_output_fails_before_running(work: Path):
+    r = fxpass("run", "tiny.pt2", "-p", "cse", "-o", "no/such/dir/out.pt2", cwd=work)
+    assert r.code == 5
+    assert "folder no/such/dir does not exist" in one_line_error(r)
+
+
+def test_wrong_output_kind(work: Path):
+    r = fxpass("run", "tiny.pt2", "-p", "cse", "-o", "out.fxgraph", cwd=work)
+    assert r.code == 2
+    assert "write it to a .pt2 file" in one_line_error(r)
+
+
+def test_module_function_targets(work: Path):
+    r = fxpass("run", "cli_targets:broken", "-p", "cse", cwd=work)
+    assert r.code == 3
+    assert "this target is broken on purpose" in one_line_error(r)
+
+
+def test_fxgraph_target_round_trip(work: Path):
+    from fxpass.core.serialize import load_graph
+
+    r = fxpass("run", "tiny.fxgraph", "-p", "cse", "--verify", "-o", "g2.fxgraph", cwd=work)
+    assert r.code == 0, r.err
+    assert "numerics at the end: 1 outputs match" in r.out
+    gm, _ = load_graph(work / "tiny.fxgraph")
+    gm2, inputs = load_graph(work / "g2.fxgraph")
+    assert len(gm2.graph.nodes) < len(gm.graph.nodes) and inputs is not None
