@@ -11,6 +11,7 @@ import fxpass as fp
 from fxpass.interpret import ExportPass, InterpreterPass, ProxyValue, map_args
 from fxpass.models.convnet import build_convnet
 from fxpass.targets.apply import apply
+from fxpass.targets.export import load, save
 
 import _models
 
@@ -154,7 +155,7 @@ def test_scalars_become_tensor_constants_of_the_program(tmp_path):
             assert all(not isinstance(a, float) for a in node.args)
     new.validate()
     torch.testing.assert_close(new.module()(ids), ep.module()(ids))
-    loaded = fp.targets.export.load(fp.targets.export.save(new, tmp_path / "s.pt2"))
+    loaded = load(save(new, tmp_path / "s.pt2"))
     torch.testing.assert_close(loaded.module()(ids), ep.module()(ids))
 
 

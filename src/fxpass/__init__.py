@@ -20,12 +20,18 @@ from .core.instrument import Instrumentation, PrintIR, Statistics, Timing
 from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
 from .core.registry import register
 from .core.report import PassRecord, Report
+from .interpret import InterpreterPass
+from .targets.apply import ApplyResult, apply
+from .targets.backend import backend
+from .targets.inductor import inductor_pass
+from .targets.piecewise import piecewise
 
 graph_pass = register
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApplyResult",
     "ChangeEvent",
     "CheckFailedError",
     "ConstraintCycleError",
@@ -34,6 +40,7 @@ __all__ = [
     "FunctionPass",
     "FxpassError",
     "Instrumentation",
+    "InterpreterPass",
     "NonConvergenceError",
     "OptionError",
     "Pass",
@@ -49,11 +56,15 @@ __all__ = [
     "Timing",
     "UnknownPassError",
     "__version__",
+    "apply",
     "as_pass",
+    "backend",
     "current_context",
     "fixpoint",
     "graph_pass",
+    "inductor_pass",
     "instrumented",
+    "piecewise",
     "register",
     "registry",
     "stat",
