@@ -1,0 +1,1 @@
+"""Partitioning: operator support, capability / pattern / source partitions, and fusing them."""
