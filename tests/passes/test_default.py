@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from _models import count, exported_gm
 
 import fxpass as fp
 from fxpass.passes.default import DEFAULT_PASSES
 from fxpass.verify.numerics import sample_inputs_from_meta
 from fxpass.verify.testing import Captured, check_pass
+
+from _models import count, exported_gm
 
 
 def test_default_list_is_the_documented_order():
@@ -20,8 +22,13 @@ def test_default_list_is_the_documented_order():
     assert fusions == sorted(fusions, key=lambda n: ("quant" not in n, "add" not in n))
 
 
-def test_default_pipeline_shrinks_an_exported_llama_and_keeps_its_numerics():
-    gm = exported_gm(layers=2)
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"norm_style": "gemma", "qk_norm": True, "sandwich_norm": True}],
+    ids=["llama", "gemma-qk-sandwich"],
+)
+def test_default_pipeline_shrinks_an_exported_decoder_and_keeps_its_numerics(config):
+    gm = exported_gm(layers=2, **config)
     nodes = len(gm.graph.nodes)
     c = Captured(gm, sample_inputs_from_meta(gm), "export")
     check = check_pass("default", c, modified=True)
