@@ -7,7 +7,7 @@ from pathlib import Path
 
 import planted_passes
 import torch
-from _helpers import fxpass
+from _cli_helpers import fxpass
 
 from fxpass.core.serialize import load_graph
 

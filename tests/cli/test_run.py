@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import fxpass, one_line_error, poisoned_copy
+from _cli_helpers import fxpass, one_line_error, poisoned_copy
 
 from fxpass.verify import verify_numerics
 

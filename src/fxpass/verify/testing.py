@@ -74,8 +74,9 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any], how: str = "e
     if how == "aot":
         from torch._functorch.aot_autograd import aot_export_module
 
-        gm, sig = aot_export_module(model, args, trace_joint=False)
-        named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        wrapped = _TupleOutputs(model)  # AOT export wants a tuple of outputs
+        gm, sig = aot_export_module(wrapped, args, trace_joint=False)
+        named = {**dict(wrapped.named_parameters()), **dict(wrapped.named_buffers())}
         inputs = [named[n] for n in (*sig.parameters, *sig.buffers)] + list(args)
         return Captured(gm, inputs, how)
     if how == "dynamo":
@@ -83,6 +84,16 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any], how: str = "e
     if how == "trace":
         return Captured(fx.symbolic_trace(model), list(args), how)
     raise ValueError(f"unknown capture {how!r}; use one of {', '.join(CAPTURES)}")
+
+
+class _TupleOutputs(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any) -> tuple:
+        out = self.model(*args)
+        return out if isinstance(out, tuple) else (out,)
 
 
 def _dynamo_capture(model: torch.nn.Module, args: tuple) -> Captured:

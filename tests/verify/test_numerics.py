@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import math
+
+import planted_passes
+import pytest
+import torch
+from _verify_helpers import graph_and_inputs, program
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fxpass as fp
+from fxpass.verify import (
+    NumericsCheck,
+    NumericsError,
+    compare_outputs,
+    sample_inputs_from_meta,
+    tolerance_for,
+    verify_numerics,
+)
+from fxpass.verify.numerics import run_graph
+
+
+def test_tolerances_depend_on_dtype():
+    assert tolerance_for(torch.bfloat16)[0] > tolerance_for(torch.float16)[0]
+    assert tolerance_for(torch.float16)[0] > tolerance_for(torch.float32)[0]
+    assert tolerance_for(torch.float32)[0] > tolerance_for(torch.float64)[0]
+    assert tolerance_for(torch.int64) == (0.0, 0.0)
+    assert tolerance_for(torch.float32, rtol=0.5) == (0.5, tolerance_for(torch.float32)[1])
+
+
+def test_where_the_largest_error_is():
+    expected = torch.zeros(2, 3, 4)
+    actual = expected.clone()
+    actual[1, 2, 3] = 0.5
+    actual[0, 0, 0] = 0.1
+    cmp = compare_outputs([torch.ones(2), expected], [torch.ones(2), actual])
+    assert not cmp.ok
+    worst = cmp.worst
+    assert (worst.output, worst.index, worst.actual) == (1, (1, 2, 3), 0.5)
+    assert worst.mismatched == 2 and worst.numel == 24
+    assert math.isclose(cmp.max_abs_error, 0.5)
+    assert "output 1 at [1, 2, 3]" in str(cmp)
+    with pytest.raises(NumericsError, match="numerics differ"):
+        cmp.check()
+
+
+def test_bf16_rounding_passes_but_real_errors_do_not():
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    ref = x.to(torch.bfloat16)
+    one_ulp = (x * (1 + 2**-8)).to(torch.bfloat16)
+    assert compare_outputs(ref, one_ulp).ok
+    assert not compare_outputs(ref, (x * 1.1).to(torch.bfloat16)).ok
+    assert not compare_outputs(x, x * (1 + 1e-3)).ok  # float32 is held tighter
+
+
+def test_nan_inf_shape_dtype_and_ints():
+    nan = torch.tensor([float("nan"), float("inf"), 1.0])
+    assert compare_outputs(nan, nan.clone()).ok
+    assert not compare_outputs(nan, torch.tensor([1.0, float("inf"), 1.0])).ok
+    assert not compare_outputs(nan, torch.tensor([float("nan"), -float("inf"), 1.0])).ok
+    assert compare_outputs(torch.ones(2), torch.ones(3)).worst.reason == "shape"
+    assert compare_outputs(torch.ones(2), torch.ones(2).double()).worst.reason == "dtype"
+    assert not compare_outputs(torch.arange(4), torch.arange(4) + torch.tensor([0, 0, 0, 1])).ok
+    assert compare_outputs((1, torch.ones(1)), (1, torch.ones(1))).ok
+    assert compare_outputs([torch.ones(1)], []).worst.reason == "number of outputs"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=20), st.floats(0, 1e-6))
+def test_float32_noise_below_tolerance_passes(values, noise):
+    t = torch.tensor(values, dtype=torch.float32)
+    assert compare_outputs(t, t + noise * t.abs()).ok
+
+
+def test_inputs_from_meta_keep_embeddings_in_range():
+    gm, _ = graph_and_inputs()
+    inputs = sample_inputs_from_meta(gm)
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    assert len(inputs) == len(placeholders)
+    ids = inputs[-1]
+    assert ids.dtype == torch.int64 and int(ids.min()) >= 0 and int(ids.max()) < 128
+    assert all(a.shape == p.meta["val"].shape for a, p in zip(inputs, placeholders))
+    assert torch.equal(ids, sample_inputs_from_meta(gm)[-1])  # seeded
+    run_graph(gm, inputs)  # runs: every input has the shape and dtype the graph wants
+
+
+def test_verify_numerics_of_programs():
+    ep = program()
+    assert verify_numerics(ep, program()).ok
+    broken = program()
+    planted_passes.add_as_sub_neg(broken.graph_module)
+    broken.graph_module.recompile()
+    cmp = verify_numerics(ep, broken)
+    assert not cmp.ok and cmp.worst.output == 0
+    assert verify_numerics(ep, broken, rtol=10.0, atol=10.0).ok is not False  # loose: passes
+
+
+def test_numerics_check_names_the_first_diverging_pass():
+    gm, inputs = graph_and_inputs()
+    check = NumericsCheck()
+    pipe = fp.Pipeline.parse("cse,planted_passes:add_as_sub_neg,dce")
+    pipe.run(gm, inputs, instrument=[check])
+    assert [r.name for r in check.results][:2] == ["cse", "add_as_sub_neg"]
+    assert check.results[0].ok
+    first = check.first_divergence
+    assert first.name == "add_as_sub_neg"
+    assert "pass 'planted_passes:add_as_sub_neg' diverges: output 0 at [" in str(first)
+
+
+def test_numerics_check_can_stop_the_run():
+    gm, inputs = graph_and_inputs()
+    nodes = len(gm.graph.nodes)
+    check = NumericsCheck(inputs, raise_on_divergence=True)
+    with pytest.raises(NumericsError, match="after pass 'add_as_sub_neg'"):
+        fp.Pipeline([planted_passes.add_as_sub_neg]).run(gm, inputs, instrument=[check])
+    assert len(gm.graph.nodes) == nodes  # rolled back
