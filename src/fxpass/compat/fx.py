@@ -6,6 +6,20 @@ code runs unchanged, with fxpass's rollback on failure, one recompile per run an
 "modified" results.
 """
 
+from ._partition import (
+    CapabilityBasedPartitioner,
+    OperatorSupport,
+    OperatorSupportBase,
+    OpSupports,
+    Partition,
+    SourcePartition,
+    any_chain,
+    chain,
+    check_subgraphs_connected,
+    create_op_support,
+    fuse_by_partitions,
+    get_source_partitions,
+)
 from ._pass_infra import (
     PassBase,
     PassManager,
@@ -16,9 +30,21 @@ from ._pass_infra import (
 )
 
 __all__ = [
+    "CapabilityBasedPartitioner",
+    "OpSupports",
+    "OperatorSupport",
+    "OperatorSupportBase",
+    "Partition",
     "PassBase",
     "PassManager",
     "PassResult",
+    "SourcePartition",
+    "any_chain",
+    "chain",
+    "check_subgraphs_connected",
+    "create_op_support",
+    "fuse_by_partitions",
+    "get_source_partitions",
     "_topological_sort_passes",
     "pass_result_wrapper",
     "this_before_that_pass_constraint",

@@ -1,0 +1,369 @@
+"""Fusing partitions: each partition becomes one submodule call, and can be un-fused again.
+
+:func:`fuse_partitions` moves the nodes of each partition into a new ``GraphModule`` and calls
+it from the graph, in one of two ways:
+
+* ``mode="module"``: a ``call_module`` node (torch's ``fuse_by_partitions``);
+* ``mode="delegate"``: for IRs that forbid ``call_module`` (export, ExecuTorch's edge
+  dialect), a ``get_attr`` of the submodule and a ``call_function`` of a delegate — by
+  default ``torch.ops.higher_order.invoke_subgraph(subgraph, name, *inputs)``, or any
+  function ``delegate(subgraph, *inputs)`` you give (:func:`call_delegate` just runs it).
+
+Before (``add`` and ``mul`` in one partition)::
+
+    %x : placeholder ; %w : placeholder
+    %mm  = aten.mm(%x, %w)
+    %add = aten.add.Tensor(%mm, %x)
+    %mul = aten.mul.Tensor(%add, %w)
+    return (%mul,)
+
+After ``fuse_partitions(gm, parts)``::
+
+    %x : placeholder ; %w : placeholder
+    %mm = aten.mm(%x, %w)
+    %fused_0 = call_module[fused_0](%x, %w, %mm)     # inputs in graph order
+    return (%fused_0,)
+
+Unlike torch's, the submodule's inputs keep the order of the graph (placeholders first, in
+their order) rather than the order of first use, and metadata is kept: the nodes inside keep
+theirs, the call carries ``val`` (a tuple for several outputs), ``stack_trace``, the common
+``nn_module_stack`` and ``fxpass_partition`` (what was fused), and each output ``getitem``
+takes the metadata of the node it replaces. :func:`unfuse` puts the nodes back.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import fx
+
+from ..core.errors import FxpassError
+from .base import Partition, find_cycle
+
+__all__ = [
+    "FUSED_META",
+    "PartitionCycleError",
+    "call_delegate",
+    "fuse_partitions",
+    "fused_nodes",
+    "unfuse",
+]
+
+#: ``node.meta`` key on every call :func:`fuse_partitions` creates.
+FUSED_META = "fxpass_partition"
+
+
+class PartitionCycleError(FxpassError, ValueError):
+    """Fusing these partitions would create a dependency cycle."""
+
+
+def call_delegate(subgraph: torch.nn.Module, *inputs: Any) -> Any:
+    """The simplest delegate: run the fused subgraph (a stand-in for a backend's call)."""
+    return subgraph(*inputs)
+
+
+_INVOKE_SUBGRAPH: Any = None
+
+
+def _invoke_subgraph() -> Any:
+    global _INVOKE_SUBGRAPH
+    if _INVOKE_SUBGRAPH is None:
+        from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+        _INVOKE_SUBGRAPH = invoke_subgraph
+    return _INVOKE_SUBGRAPH
+
+
+def fuse_partitions(
+    gm: fx.GraphModule,
+    partitions: Sequence[Partition | Iterable[fx.Node]],
+    *,
+    prefix: str = "fused_",
+    mode: Literal["module", "delegate"] = "module",
+    delegate: Callable[..., Any] | None = None,
+    input_order: Literal["graph", "first_use"] = "graph",
+    always_return_tuple: bool = False,
+    recompile: bool = True,
+) -> fx.GraphModule:
+    """Replace each partition of ``gm`` by one call of a new submodule ``{prefix}{i}``.
+
+    ``partitions`` are :class:`Partition` objects or iterables of nodes; together they must
+    leave the graph acyclic (:class:`PartitionCycleError` says which ones do not). Returns
+    ``gm``, changed in place (its code regenerated unless ``recompile=False``).
+    """
+    if mode not in ("module", "delegate"):
+        raise ValueError(f"fuse_partitions: mode must be 'module' or 'delegate', not {mode!r}")
+    if input_order not in ("graph", "first_use"):
+        raise ValueError(
+            f"fuse_partitions: input_order must be 'graph' or 'first_use', not {input_order!r}"
+        )
+    groups = [list(getattr(p, "nodes", p)) for p in partitions]
+    _check(gm, groups)
+    position: dict[fx.Node, float] = {n: float(i) for i, n in enumerate(gm.graph.nodes)}
+    names = _free_names(gm, prefix, len(groups))
+    if mode == "delegate" and delegate is None:
+        delegate = _invoke_subgraph()
+    out_of_order = False
+    for index, nodes in enumerate(groups):
+        if not nodes:
+            continue
+        nodes = sorted(nodes, key=position.__getitem__)
+        fused = _Fusion(gm, nodes, names[index], position, input_order)
+        fused.build(mode == "delegate" or always_return_tuple)
+        out_of_order |= fused.insert(mode, delegate, index)
+    if out_of_order:
+        _stable_toposort(gm.graph)
+    gm.graph.lint()
+    if recompile:
+        gm.recompile()
+    return gm
+
+
+def _check(gm: fx.GraphModule, groups: list[list[fx.Node]]) -> None:
+    for i, nodes in enumerate(groups):
+        for node in nodes:
+            if node.graph is not gm.graph or node._erased:
+                raise ValueError(
+                    f"partition {i}: node {node.name} is not in this graph module's graph"
+                )
+            if node.op in ("placeholder", "output"):
+                raise ValueError(
+                    f"partition {i}: node {node.name} is a {node.op}; only nodes that compute "
+                    "something can be fused"
+                )
+    cycle = find_cycle(groups)
+    if cycle is not None:
+        raise PartitionCycleError(
+            f"fusing partitions {cycle} would create a dependency cycle: a path leaves one of "
+            "them and comes back into it through the others; split or drop one of them "
+            "(fxpass.partition.capability_partitions proposes cycle-free partitions)"
+        )
+
+
+def _free_names(gm: fx.GraphModule, prefix: str, count: int) -> list[str]:
+    taken = set(dict(gm.named_children())) | set(gm.__dict__)
+    names, i = [], 0
+    while len(names) < count:
+        name = f"{prefix}{i}"
+        if name not in taken and not hasattr(gm, name):
+            names.append(name)
+        i += 1
+    return names
+
+
+class _Fusion:
+    """One partition being moved into a submodule."""
+
+    def __init__(self, gm, nodes, name, position, input_order) -> None:
+        self.gm = gm
+        self.nodes = nodes
+        self.members = set(nodes)
+        self.name = name
+        self.position = position
+        self.input_order = input_order
+
+    def _inputs(self) -> list[fx.Node]:
+        seen: dict[fx.Node, None] = {}
+        for node in self.nodes:
+            for arg in node.all_input_nodes:
+                if arg not in self.members:
+                    seen[arg] = None
+        inputs = list(seen)
+        if self.input_order == "graph":
+            inputs.sort(key=self.position.__getitem__)
+        return inputs
+
+    def build(self, as_tuple: bool) -> None:
+        sub = fx.Graph()
+        self.inputs = self._inputs()
+        env: dict[fx.Node, fx.Node] = {}
+        for x in self.inputs:
+            ph = sub.placeholder(x.name, type_expr=x.type)
+            ph.meta = copy.copy(x.meta)
+            env[x] = ph
+        for node in self.nodes:
+            env[node] = sub.node_copy(node, env.__getitem__)
+        self.outputs = [n for n in self.nodes if any(u not in self.members for u in n.users)]
+        results = tuple(env[n] for n in self.outputs)
+        self.tuple_output = as_tuple or len(results) != 1
+        sub.output(results if self.tuple_output else results[0])
+        sub.lint()
+        self.module = fx.GraphModule(self.gm, sub, class_name=self.name)
+
+    def insert(self, mode: str, delegate: Any, index: int) -> bool:
+        gm, graph, last = self.gm, self.gm.graph, self.nodes[-1]
+        gm.add_submodule(self.name, self.module)
+        with graph.inserting_after(last):
+            if mode == "module":
+                call = graph.call_module(self.name, tuple(self.inputs))
+            else:
+                attr = graph.get_attr(self.name)
+                args = (attr, self.name) if delegate is _invoke_subgraph() else (attr,)
+                call = graph.call_function(delegate, (*args, *self.inputs))
+                self.position[attr] = self.position[last] + 0.25
+        self.position[call] = self.position[last] + 0.5
+        call.meta.update(self._call_meta(index))
+        out_of_order = self._rewire(call)
+        for node in reversed(self.nodes):
+            graph.erase_node(node)
+        return out_of_order
+
+    def _call_meta(self, index: int) -> dict[str, Any]:
+        vals = [n.meta.get("val") for n in self.outputs]
+        meta: dict[str, Any] = {
+            FUSED_META: {
+                "index": index,
+                "name": self.name,
+                "nodes": [n.name for n in self.nodes],
+                "outputs": [n.name for n in self.outputs],
+            }
+        }
+        if all(v is not None for v in vals):
+            meta["val"] = tuple(vals) if self.tuple_output else vals[0]
+        traces = list(dict.fromkeys(t for n in self.nodes if (t := n.meta.get("stack_trace"))))
+        if traces:
+            meta["stack_trace"] = "\n".join(traces)
+        stack = _common_module_stack(self.nodes)
+        if stack is not None:
+            meta["nn_module_stack"] = stack
+        return meta
+
+    def _rewire(self, call: fx.Node) -> bool:
+        """Point the outputs' users at the call; True if a user now precedes it."""
+        graph, base = self.gm.graph, self.position[call]
+        replacements: list[tuple[fx.Node, fx.Node]] = []
+        if not self.tuple_output:
+            replacements.append((self.outputs[0], call))
+        else:
+            with graph.inserting_before(call.next):
+                for i, orig in enumerate(self.outputs):
+                    getter = graph.call_function(operator.getitem, (call, i))
+                    self.position[getter] = base + 0.5 * (i + 1) / (len(self.outputs) + 1)
+                    replacements.append((orig, getter))
+        out_of_order = False
+        for orig, new in replacements:
+            for user in orig.users:
+                if user not in self.members and self.position[user] < self.position[new]:
+                    out_of_order = True
+            meta = dict(new.meta)
+            new.meta = {**orig.meta, **meta} if new is call else dict(orig.meta)
+            orig.replace_all_uses_with(new, delete_user_cb=lambda u: u not in self.members)
+        return out_of_order
+
+
+def _common_module_stack(nodes: Sequence[fx.Node]) -> dict | None:
+    stacks = [n.meta.get("nn_module_stack") for n in nodes]
+    if not stacks or any(s is None for s in stacks):
+        return None
+    common = list(stacks[0].items())
+    for stack in stacks[1:]:
+        items = list(stack.items())
+        k = 0
+        while k < min(len(common), len(items)) and common[k] == items[k]:
+            k += 1
+        common = common[:k]
+    return dict(common)
+
+
+def _stable_toposort(graph: fx.Graph) -> None:
+    """Reorder nodes topologically, keeping the current order wherever it is already valid."""
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    waiting = {n: len(n.all_input_nodes) for n in nodes}
+    ready = [(i, n) for i, n in enumerate(nodes) if waiting[n] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, node = heapq.heappop(ready)
+        order.append(node)
+        for user in node.users:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (index[user], user))
+    if len(order) != len(nodes):
+        raise PartitionCycleError("the fused graph has a cycle")  # checked before; defensive
+    cursor = graph._root
+    for node in order:
+        if cursor.next is not node:
+            cursor.append(node)
+        cursor = node
+
+
+def fused_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The calls :func:`fuse_partitions` created in ``gm``, in graph order."""
+    return [n for n in gm.graph.nodes if FUSED_META in n.meta]
+
+
+def unfuse(
+    gm: fx.GraphModule, names: Iterable[str] | None = None, *, recompile: bool = True
+) -> int:
+    """Inline fused submodules back into ``gm`` (all, or those named in ``names``).
+
+    Nodes get their original names back where those are free, and keep their metadata.
+    Returns how many calls were inlined.
+    """
+    wanted = None if names is None else set(names)
+    count = 0
+    for call in fused_nodes(gm):
+        name = call.meta[FUSED_META]["name"]
+        if wanted is not None and name not in wanted:
+            continue
+        _inline(gm, call, name)
+        count += 1
+    if count:
+        gm.graph.lint()
+        if recompile:
+            gm.recompile()
+    return count
+
+
+def _inline(gm: fx.GraphModule, call: fx.Node, name: str) -> None:
+    graph = gm.graph
+    sub: fx.GraphModule = getattr(gm, name)
+    if call.op == "call_module":
+        inputs, attr = list(call.args), None
+    else:
+        attr = call.args[0]
+        skip = 2 if call.target is _invoke_subgraph() else 1
+        inputs = list(call.args[skip:])
+    env: dict[fx.Node, Any] = {}
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    env.update(zip(placeholders, inputs))
+    copies = []
+    with graph.inserting_before(call):
+        for node in sub.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            env[node] = graph.node_copy(node, env.__getitem__)
+            copies.append((env[node], node.name))
+    result = fx.node.map_arg(sub.graph.output_node().args[0], env.__getitem__)
+    for user in list(call.users):
+        if isinstance(result, (tuple, list)) and user.target is operator.getitem:
+            user.replace_all_uses_with(result[user.args[1]])
+            graph.erase_node(user)
+    if call.users:
+        call.replace_all_uses_with(result)
+    graph.erase_node(call)
+    if attr is not None and not attr.users:
+        graph.erase_node(attr)
+    delattr(gm, name)
+    live = {n.name for n in graph.nodes}
+    for node, original in copies:
+        if node.name != original and original not in live:
+            _free_name(graph, original)
+            node._rename(original)
+            live.add(original)
+
+
+def _free_name(graph: fx.Graph, name: str) -> None:
+    # Erased nodes keep their names reserved in the graph's namespace; release one so the
+    # inlined node can take its original name back (best effort on torch's private state).
+    namespace = getattr(graph, "_graph_namespace", None)
+    used = getattr(namespace, "_used_names", None)
+    if isinstance(used, set):
+        used.discard(name)
