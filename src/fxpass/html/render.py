@@ -298,7 +298,12 @@ def render_html(
         body.extend(_change_html(ch, i, details) for i, ch in enumerate(changes))
     else:
         body.append("<p class='sub'>No pass changed the graph.</p>")
-    blob = json.dumps(details, default=str).replace("</", "<\\/")
+    blob = (  # no "<" at all inside the script element: nothing can close or open a tag
+        json.dumps(details, default=str)
+        .replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+    )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
