@@ -5,5 +5,6 @@ from . import (  # noqa: F401  (registration side effects)
     default,
     functional,
     fusion,
+    partition,
     repair,
 )

@@ -1,0 +1,90 @@
+"""``partition``: cut the graph into what a backend supports, and fuse each piece.
+
+The last step of a lowering pipeline for a backend that runs only some ops: the supported
+nodes are grouped into the largest cycle-free partitions
+(:func:`~fxpass.partition.capability_partitions`) and each partition becomes one call of a
+submodule (:func:`~fxpass.partition.fuse_partitions`)::
+
+    fxpass.Pipeline.parse('remove_assert_ops,partition{support="elementwise | norm"}')
+
+Before / after (``support="elementwise"``)::
+
+    %mm  = aten.mm(%x, %w)                    %mm = aten.mm(%x, %w)
+    %add = aten.add.Tensor(%mm, %b)     ->    %fused_0 = call_module[fused_0](%b, %mm)
+    %relu = aten.relu(%add)                   return (%fused_0,)
+    return (%relu,)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import fx
+
+from ..core.context import ChangeEvent, current_context
+from ..core.registry import _builtin
+from ..partition.capability import capability_partitions
+from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
+
+__all__ = ["partition"]
+
+
+@_builtin("partition")
+def partition(
+    gm: fx.GraphModule,
+    *,
+    support: str,
+    allows_single_node_partition: bool = False,
+    non_compute_ops: list[str] | None = None,
+    allowed_single_node_partition_ops: list[str] | None = None,
+    horizontal: bool = True,
+    mode: Literal["module", "delegate"] = "module",
+    prefix: str = "fused_",
+) -> bool:
+    """Fuse the largest cycle-free partitions of supported ops into submodule calls.
+
+    ``support`` is an operator-support spec (``"elementwise | norm"``,
+    ``"ops(aten.mm, aten.add) & dtype(bf16)"``; see :func:`fxpass.partition.parse_support`).
+    The other options are :func:`~fxpass.partition.capability_partitions`'s, plus ``mode``:
+    ``module`` (``call_module``) or ``delegate`` (``invoke_subgraph`` on a ``get_attr``,
+    for exported programs, whose IR has no ``call_module``), and ``prefix`` for the new
+    submodules' names. Statistics: ``partitions`` fused and ``nodes`` moved into them.
+    """
+    parts = capability_partitions(
+        gm,
+        support,
+        allows_single_node_partition=allows_single_node_partition,
+        non_compute_ops=non_compute_ops,
+        allowed_single_node_partition_ops=allowed_single_node_partition_ops,
+        horizontal=horizontal,
+    )
+    ctx = current_context()
+    actions: list[int] = []
+    if ctx is not None:  # each fusion is one rewrite a debug counter may veto
+        kept = []
+        for part in parts:
+            if ctx.allow():
+                kept.append(part)
+                actions.append(ctx.actions)
+        parts = kept
+    if not parts:
+        return False
+    before = set(fused_nodes(gm))
+    fuse_partitions(gm, parts, prefix=prefix, mode=mode, recompile=False)
+    if ctx is not None:
+        for call in fused_nodes(gm):
+            if call not in before:
+                info = call.meta[FUSED_META]
+                event = ChangeEvent("replace", "partition", info["nodes"], [call.name])
+                event.index = actions[info["index"]]
+                ctx.notify(event)
+        ctx.stat("partitions", len(parts))
+        ctx.stat("nodes", sum(len(p) for p in parts))
+    gm.recompile()
+    return True
+
+
+partition.statistics = {
+    "partitions": "partitions fused into one call each",
+    "nodes": "nodes moved into the fused submodules",
+}
