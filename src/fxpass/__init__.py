@@ -20,11 +20,13 @@ from .core.instrument import Instrumentation, PrintIR, Statistics, Timing
 from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
 from .core.registry import register
 from .core.report import PassRecord, Report
+from .html import HtmlReport
 from .interpret import InterpreterPass
 from .targets.apply import ApplyResult, apply
 from .targets.backend import backend
 from .targets.inductor import inductor_pass
 from .targets.piecewise import piecewise
+from .verify import NumericsCheck, bisect, check_pass, verify_numerics
 
 graph_pass = register
 
@@ -39,9 +41,11 @@ __all__ = [
     "Fixpoint",
     "FunctionPass",
     "FxpassError",
+    "HtmlReport",
     "Instrumentation",
     "InterpreterPass",
     "NonConvergenceError",
+    "NumericsCheck",
     "OptionError",
     "Pass",
     "PassContext",
@@ -59,6 +63,8 @@ __all__ = [
     "apply",
     "as_pass",
     "backend",
+    "bisect",
+    "check_pass",
     "current_context",
     "fixpoint",
     "graph_pass",
@@ -68,4 +74,5 @@ __all__ = [
     "register",
     "registry",
     "stat",
+    "verify_numerics",
 ]
