@@ -215,3 +215,16 @@ def test_sample_inputs_reach_lowering_passes_one_per_placeholder():
     assert len(got[0]) == len(placeholders)
     assert got[0][-1] is ep.example_inputs[0][0]
     assert got[0][0] is ep.state_dict["blocks.0.conv.weight"]
+
+
+def test_nodes_made_without_fake_values_get_them():
+    from _target_models import rsqrt_to_reciprocal_sqrt
+
+    ep = _models.exported(layers=1, dtype=torch.float32)
+    (ids,) = _models.decoder(layers=1, dtype=torch.float32).example_inputs()
+    new = apply(ep, rsqrt_to_reciprocal_sqrt).program  # its new nodes carry no meta["val"]
+    new.validate()
+    for node in new.graph_module.graph.nodes:
+        if node.target in (aten.sqrt.default, aten.reciprocal.default):
+            assert node.meta["val"].dtype == torch.float32
+    torch.testing.assert_close(new.module()(ids), ep.module()(ids))

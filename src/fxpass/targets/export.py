@@ -345,6 +345,7 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
     signature = ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
     _drop_unused_state(ctx, input_specs)
     graph.lint()
+    _fill_missing_vals(gm)
     from torch.export.exported_program import _get_updated_range_constraints
 
     try:
@@ -366,6 +367,33 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
         ) from e
     program.graph_module.meta.update(ep.graph_module.meta)
     return program
+
+
+def _fill_missing_vals(gm: fx.GraphModule) -> None:
+    """Give ``meta["val"]`` to nodes a pass made without one (the verifier needs it): run
+    each such op on the fake values of its inputs."""
+    from torch.utils import _pytree as pytree
+
+    mode = _fake_mode(gm.graph)
+    if mode is None:
+        return
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or "val" in node.meta:
+            continue
+
+        def fake(a: Any) -> Any:
+            return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+        args = pytree.tree_map(fake, node.args)
+        kwargs = pytree.tree_map(fake, node.kwargs)
+        try:
+            with mode:
+                node.meta["val"] = node.target(*args, **kwargs)
+        except Exception as e:
+            raise SignatureError(
+                f"node '{node.name}' ({node.target}) has no meta['val'] and running it on fake "
+                f"inputs failed: {type(e).__name__}: {e}; set node.meta['val'] in the pass"
+            ) from e
 
 
 def _lift_constants(gm: fx.GraphModule, ctx: ProgramContext) -> list[InputSpec]:
