@@ -192,6 +192,7 @@ class InterpreterPass(Pass):
         self._rewrites = 0
         self._current: fx.Node | None = None
         self._inputs_seen = 0
+        self._last_constant: fx.Node | None = None
         self._mode = self._find_fake_mode(gm)
         ctx = current_context()
         self._ctx = ctx
@@ -199,7 +200,16 @@ class InterpreterPass(Pass):
         self._sample = list(inputs) if inputs is not None else None
 
     def _teardown(self) -> None:
-        for attr in ("_gm", "_graph", "_env", "_constants", "_ctx", "_sample", "_current"):
+        for attr in (
+            "_gm",
+            "_graph",
+            "_env",
+            "_constants",
+            "_ctx",
+            "_sample",
+            "_current",
+            "_last_constant",
+        ):
             self.__dict__.pop(attr, None)
 
     @staticmethod
@@ -366,14 +376,17 @@ class InterpreterPass(Pass):
         while hasattr(self._gm, name) or name in self._constants:
             name += "_"
         self._constants[name] = value
+        last = self._last_constant
         first = next((n for n in self._graph.nodes if n.op != "placeholder"), None)
-        where = (
-            self._graph.inserting_before(first)
-            if first is not None
-            else self._graph.inserting_after()
-        )
+        if last is not None and not last._erased:  # constants in the order they were made
+            where = self._graph.inserting_after(last)
+        elif first is not None:
+            where = self._graph.inserting_before(first)
+        else:
+            where = self._graph.inserting_after()
         with where:
             node = self._graph.get_attr(name)
+        self._last_constant = node
         node.meta["val"] = self._mode.from_tensor(value)
         return node
 
