@@ -263,7 +263,9 @@ def _compare_leaf(i, name, e, a, rtol, atol) -> tuple[Divergence | None, float]:
     diff = torch.nan_to_num(diff, nan=math.inf)
     allowed = t + r * ed.abs().nan_to_num(nan=0.0, posinf=0.0)
     excess = diff - allowed
-    rel = diff / ed.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    # Relative to the expected magnitude, but never to less than atol: near zero, a
+    # relative error says nothing.
+    rel = diff / ed.abs().nan_to_num(nan=0.0).clamp_min(max(t, torch.finfo(torch.float32).eps))
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
     bad = excess > 0
     div.mismatched = int(bad.sum())
