@@ -23,6 +23,10 @@ def _llama(layers=1):
     return model, model.example_inputs()[0]
 
 
+def _no_autograd_cache():
+    return torch._functorch.config.patch(enable_autograd_cache=False)
+
+
 def _rewritten(be):
     return sum(r.root.children[0].stats.get("rsqrt_rewritten", 0) for r in be.reports)
 
@@ -86,7 +90,8 @@ def test_inductor_after_the_passes_on_conv_net():
     model = convnet()
     (x,) = model.example_inputs()
     be = backend([relu_to_clamp])  # aten IR, Inductor: the passes run inside Inductor
-    with torch.no_grad():
+    no_cache = {"fx_graph_cache": False}  # an earlier run's cached graph would skip the passes
+    with torch.no_grad(), torch._inductor.config.patch(no_cache), _no_autograd_cache():
         out = torch.compile(model, backend=be)(x)
     torch.testing.assert_close(out, model(x))
     assert be.reports and be.reports[0].root.children[0].stats == {"relu_rewritten": 2}
