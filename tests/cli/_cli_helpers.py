@@ -25,10 +25,10 @@ class Result:
 
 def fxpass(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 240) -> Result:
     """``python -m fxpass ARGS`` in ``cwd``, output piped (not a terminal)."""
-    full_env = {**os.environ, **(env or {})}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR")}
+    full_env.update(env or {})
     paths = [str(HERE), str(VERIFY), full_env.get("PYTHONPATH", "")]
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    full_env.pop("FORCE_COLOR", None)
     proc = subprocess.run(
         [sys.executable, "-m", "fxpass", *args],
         cwd=cwd,

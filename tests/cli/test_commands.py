@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import planted_passes
@@ -100,3 +101,13 @@ def test_demo(tmp_path: Path):
     text = fxpass("demo", "--layers", "1", "--no-report", cwd=tmp_path / "..")
     assert text.code == 0, text.err
     assert "numerics against the original: 1 outputs match" in text.out
+
+
+def test_color_only_on_a_terminal_and_never_with_no_color(tmp_path: Path):
+    piped = fxpass("list", cwd=tmp_path)
+    assert "\x1b[" not in piped.out
+    forced = fxpass("list", cwd=tmp_path, env={"FORCE_COLOR": "1", "TERM": "xterm-256color"})
+    assert "\x1b[" in forced.out  # rich treats FORCE_COLOR as a terminal
+    plain = fxpass("list", cwd=tmp_path,
+                   env={"FORCE_COLOR": "1", "TERM": "xterm-256color", "NO_COLOR": "1"})  # fmt: skip
+    assert not re.search(r"\x1b\[[0-9;]*3[0-9]m", plain.out)  # no colours, whatever else

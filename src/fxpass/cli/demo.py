@@ -21,14 +21,16 @@ class _ProgressDisplay(Instrumentation):
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.task = progress.add_task("passes", total=None)
+        self.task = progress.add_task("running the default pipeline", total=None)
+        self.done = 0
 
     def before_pass(self, record, gm, ctx):
-        self.progress.update(self.task, description=f"running {record.name}")
+        text = f"running {record.name} ({self.done} passes done)"
+        self.progress.update(self.task, description=text)
 
     def after_pass(self, record, gm, ctx):
         if not record.children:
-            self.progress.advance(self.task)
+            self.done += 1
 
 
 def _export(layers: int, progress: Progress) -> Target:
@@ -73,8 +75,7 @@ def demo(layers: int, html: str, no_report: bool, as_json: bool) -> None:
 
     html_path = None if no_report else check_writable(html, "report")
     err = stderr()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                  TextColumn("{task.completed} passes done"), TimeElapsedColumn(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as progress:  # fmt: skip
         t = _export(layers, progress)
         pipeline = REGISTRY.create("default")
