@@ -198,7 +198,7 @@ class _Fusion:
     def insert(self, mode: str, delegate: Any, index: int) -> bool:
         gm, graph, last = self.gm, self.gm.graph, self.nodes[-1]
         gm.add_submodule(self.name, self.module)
-        with graph.inserting_after(last):
+        with graph.inserting_before(last.next):
             if mode == "module":
                 call = graph.call_module(self.name, tuple(self.inputs))
             else:
