@@ -218,3 +218,12 @@ def test_backend_name_works_without_importing_fxpass():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("compiles 1")
+
+
+def test_split_at_leaves_graphs_without_the_op_whole():
+    model = convnet()  # no attention anywhere (as in a graph after a graph break)
+    (x,) = model.example_inputs()
+    be = backend([relu_to_clamp], ir="dynamo", compiler="eager", split_at="attention")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+    assert len(be.reports) == 1 and be.reports[0].root.children[0].stats == {"relu_rewritten": 2}

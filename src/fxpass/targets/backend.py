@@ -151,13 +151,16 @@ class FxpassBackend:
 
     def _compile_dynamo(self, gm: fx.GraphModule, inputs: list[Any]):
         if self.split_at is not None:
-            return self._compile_pieces(gm)
+            return self._compile_pieces(gm, inputs)
         gm = self._run(gm, inputs)
         return self._final_compile(gm, inputs)
 
-    def _compile_pieces(self, gm: fx.GraphModule):
-        from .piecewise import split
+    def _compile_pieces(self, gm: fx.GraphModule, inputs: list[Any]):
+        from .piecewise import split, split_predicate
 
+        if not any(map(split_predicate(self.split_at), gm.graph.nodes)):
+            # a graph without the op (e.g. after a graph break): nothing to cut
+            return self._final_compile(self._run(gm, inputs), inputs)
         pieces = split(gm, self.split_at)
         pieces.run(self._pipeline)
         self.reports.extend(pieces.reports)
