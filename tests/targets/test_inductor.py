@@ -165,3 +165,25 @@ def test_install_chains_and_bad_hooks_are_refused(monkeypatch):
     assert config.post_grad_custom_pre_pass is second and second.previous == (first,)
     with pytest.raises(ValueError, match="unknown Inductor hook"):
         inductor_pass([scale_by]).install("joint_custom_pass")
+
+
+def test_a_pass_that_returns_a_new_module_still_edits_inductors_graph():
+    from _target_models import convnet, convnet_ep
+
+    class ReluToClampMin(InterpreterPass):  # interpreter passes build a new module
+        def call_operator(self, op, args, kwargs, meta):
+            if op is aten.relu.default:
+                return super().call_operator(aten.clamp_min.default, (args[0], 0.0), {}, meta)
+            return super().call_operator(op, args, kwargs, meta)
+
+    gm = convnet_ep().module()
+    graph = gm.graph
+    hook_pass = inductor_pass([ReluToClampMin()])
+    hook_pass(graph)  # what Inductor does: call with the graph, keep using that graph
+    assert gm.graph is graph
+    targets = [n.target for n in graph.nodes]
+    assert targets.count(aten.clamp_min.default) == 2 and aten.relu.default not in targets
+    gm.recompile()
+    (x,) = convnet().example_inputs()
+    torch.testing.assert_close(gm(x), convnet()(x))
+    assert hook_pass.reports[0].root.modified
