@@ -37,7 +37,10 @@ def fxpass(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: in
         text=True,
         timeout=timeout,
     )
-    return Result(proc.returncode, proc.stdout, proc.stderr)
+    result = Result(proc.returncode, proc.stdout, proc.stderr)
+    if "FORCE_COLOR" not in full_env:  # piped output: never colour, on stdout or stderr
+        assert "\x1b[" not in result.out + result.err, result
+    return result
 
 
 def one_line_error(result: Result) -> str:

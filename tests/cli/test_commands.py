@@ -88,24 +88,36 @@ def test_bisect_when_numerics_hold(work: Path):
 
 
 def test_demo(tmp_path: Path):
-    r = fxpass("demo", "--layers", "1", "--json", cwd=tmp_path)
+    r = fxpass("demo", "--layers", "1", cwd=tmp_path)
     assert r.code == 0, r.err
-    data = json.loads(r.out)
-    assert data["numerics"]["ok"]
-    assert data["report"]["root"]["name"] == "default"
-    assert data["html"] == "report.html"
+    assert "fxpass demo: tiny Llama decoder (1 layers), default pipeline" in r.out
+    assert "pipeline: default" in r.out  # the per-pass table
+    assert "numerics against the original: 1 outputs match" in r.out
+    assert "wrote report.html" in r.out
     page = (tmp_path / "report.html").read_text()
-    assert page.startswith("<!DOCTYPE html>") and "Passes" in page
-    if data["modified"]:  # once the default pipeline does something, show a fused block
+    assert page.startswith("<!DOCTYPE html>") and "Passes" in page and "Numerics" in page
+    if "changed," in r.out:  # once the default pipeline changes the graph: a block is shown
+        assert "one changed block" in r.out and "<svg" in page
+
+
+def test_demo_json_in_process(tmp_path: Path, monkeypatch):
+    from click.testing import CliRunner
+
+    from fxpass.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["demo", "--layers", "1", "--json", "--no-report"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["numerics"]["ok"] and data["html"] is None
+    assert data["report"]["root"]["name"] == "default"
+    assert not (tmp_path / "report.html").exists()
+    if data["modified"]:
         assert data["fused_block"]["after"]
-    text = fxpass("demo", "--layers", "1", "--no-report", cwd=tmp_path / "..")
-    assert text.code == 0, text.err
-    assert "numerics against the original: 1 outputs match" in text.out
 
 
-def test_color_only_on_a_terminal_and_never_with_no_color(tmp_path: Path):
-    piped = fxpass("list", cwd=tmp_path)
-    assert "\x1b[" not in piped.out
+def test_color_when_forced_and_never_with_no_color(tmp_path: Path):
+    # Piped output has no colour: every other test's output is checked by _cli_helpers.
     forced = fxpass("list", cwd=tmp_path, env={"FORCE_COLOR": "1", "TERM": "xterm-256color"})
     assert "\x1b[" in forced.out  # rich treats FORCE_COLOR as a terminal
     plain = fxpass("list", cwd=tmp_path,
