@@ -53,12 +53,32 @@ __all__ = [
     "find_cycle",
     "fuse_partitions",
     "fused_nodes",
+    "generate_pattern_op_partitions",
+    "graph_pattern",
     "is_cycle_free",
     "named_support",
     "node_support",
     "op_support",
     "parse_support",
+    "pattern_matches",
+    "pattern_partitions",
     "shape_support",
     "source_partitions",
     "unfuse",
 ]
+
+_PATTERN_NAMES = (
+    "generate_pattern_op_partitions",
+    "graph_pattern",
+    "pattern_matches",
+    "pattern_partitions",
+)
+
+
+def __getattr__(name: str):
+    # The pattern module needs the rewrite engine; load it only when asked for.
+    if name in _PATTERN_NAMES:
+        from . import pattern
+
+        return getattr(pattern, name)
+    raise AttributeError(f"module 'fxpass.partition' has no attribute {name!r}")

@@ -298,7 +298,7 @@ class _Dtype(OperatorSupportBase):
 
     def _ok(self, node: fx.Node) -> bool:
         tensors = _value_tensors(node)
-        if tensors is None:
+        if not tensors:  # no meta, or no tensor in it
             return self.unknown
         return all(t.dtype in self.dtypes for t in tensors)
 
@@ -317,7 +317,7 @@ class _Dtype(OperatorSupportBase):
 def dtype_support(*dtypes: Any, inputs: bool = False, unknown: bool = False) -> OperatorSupportBase:
     """Supported when every tensor the node computes (``inputs=True``: every tensor it reads)
     has one of ``dtypes`` (``torch.bfloat16`` or names like ``"bf16"``); nodes whose
-    ``meta['val']`` is missing count as ``unknown``."""
+    ``meta['val']`` is missing or holds no tensor count as ``unknown``."""
     if len(dtypes) == 1 and isinstance(dtypes[0], (list, tuple, set, frozenset)):
         dtypes = tuple(dtypes[0])
     return _Dtype(dtypes, inputs, unknown)
@@ -333,7 +333,7 @@ class _Shape(OperatorSupportBase):
 
     def is_node_supported(self, submodules, node):
         tensors = _value_tensors(node)
-        if tensors is None:
+        if not tensors:  # no meta, or no tensor in it
             return self.unknown
         for t in tensors:
             shape = tuple(t.shape)
