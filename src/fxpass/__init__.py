@@ -22,6 +22,15 @@ from .core.registry import register
 from .core.report import PassRecord, Report
 from .html import HtmlReport
 from .interpret import InterpreterPass
+from .partition import (
+    OperatorSupportBase,
+    Partition,
+    capability_partitions,
+    fuse_partitions,
+    parse_support,
+    source_partitions,
+    unfuse,
+)
 from .targets.apply import ApplyResult, apply
 from .targets.backend import backend
 from .targets.inductor import inductor_pass
@@ -46,7 +55,9 @@ __all__ = [
     "InterpreterPass",
     "NonConvergenceError",
     "NumericsCheck",
+    "OperatorSupportBase",
     "OptionError",
+    "Partition",
     "Pass",
     "PassContext",
     "PassFailedError",
@@ -64,15 +75,20 @@ __all__ = [
     "as_pass",
     "backend",
     "bisect",
+    "capability_partitions",
     "check_pass",
     "current_context",
     "fixpoint",
+    "fuse_partitions",
     "graph_pass",
     "inductor_pass",
     "instrumented",
+    "parse_support",
     "piecewise",
     "register",
     "registry",
+    "source_partitions",
     "stat",
+    "unfuse",
     "verify_numerics",
 ]
