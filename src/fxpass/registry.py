@@ -9,9 +9,9 @@ from __future__ import annotations
 from .core.registry import REGISTRY, PassInfo, PassList, Registry, register
 
 __all__ = [
-    "REGISTRY",
     "PassInfo",
     "PassList",
+    "REGISTRY",
     "Registry",
     "create",
     "disable",
