@@ -20,6 +20,8 @@ from fxpass.verify import (
 )
 from fxpass.verify.numerics import run_graph
 
+aten = torch.ops.aten
+
 
 def test_tolerances_depend_on_dtype():
     assert tolerance_for(torch.bfloat16)[0] > tolerance_for(torch.float16)[0]
@@ -115,3 +117,26 @@ def test_numerics_check_can_stop_the_run():
     with pytest.raises(NumericsError, match="after pass 'add_as_sub_neg'"):
         fp.Pipeline([planted_passes.add_as_sub_neg]).run(gm, inputs, instrument=[check])
     assert len(gm.graph.nodes) == nodes  # rolled back
+
+
+def _unrunnable(gm: torch.fx.GraphModule) -> bool:
+    """mm(a, b) -> add(a, b): shapes no longer broadcast, the graph cannot run."""
+    node = next(n for n in gm.graph.nodes if n.target is aten.mm.default)
+    node.target = aten.add.Tensor
+    return True
+
+
+def test_a_graph_that_no_longer_runs_is_a_divergence():
+    gm, inputs = graph_and_inputs()
+    check = NumericsCheck(inputs)
+    fp.Pipeline([_unrunnable]).run(gm, inputs, instrument=[check])
+    first = check.first_divergence
+    assert first.comparison.worst.reason == "run"
+    assert "the graph does not run: RuntimeError" in str(first)
+
+
+def test_an_input_graph_that_does_not_run_cannot_be_verified():
+    gm, inputs = graph_and_inputs()
+    _unrunnable(gm)
+    with pytest.raises(fp.FxpassError, match="cannot verify numerics: the input graph does not"):
+        fp.Pipeline(["cse"]).run(gm, inputs, instrument=[NumericsCheck(inputs)])

@@ -100,11 +100,8 @@ class PassChange:
 
     @property
     def label(self) -> str:
-        return (
-            self.spec or self.name
-            if self.run <= 1
-            else f"{self.spec or self.name} (run {self.run})"
-        )
+        label = self.spec or self.name
+        return label if self.run <= 1 else f"{label} (run {self.run})"
 
     def to_dict(self) -> dict[str, Any]:
         return {

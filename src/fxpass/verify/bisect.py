@@ -29,12 +29,13 @@ import torch
 from torch import fx
 
 from ..core.context import ChangeEvent, DebugCounter, current_context
+from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
 from .numerics import (
     Comparison,
     NumericsCheck,
     PassNumerics,
-    compare_outputs,
+    check_graph,
     output_names,
     program_inputs,
     run_graph,
@@ -179,16 +180,21 @@ class _Subject:
             raise TypeError(
                 f"bisect takes a GraphModule or an ExportedProgram, not {type(target).__name__}"
             )
-        self.reference = run_graph(self.gm, self.inputs)
+        try:
+            self.reference = run_graph(self.gm, self.inputs)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise FxpassError(
+                "cannot bisect: the input graph does not run on the sample inputs "
+                f"({type(e).__name__}: {first})"
+            ) from e
 
     def run(self, pipeline: Any, **kw: Any) -> fx.GraphModule:
         gm = copy.deepcopy(self.gm)
         return pipeline.run(gm, self.inputs, **kw).graph_module
 
     def compare(self, gm: fx.GraphModule, rtol, atol) -> Comparison:
-        return compare_outputs(
-            self.reference, run_graph(gm, self.inputs), rtol=rtol, atol=atol, names=self.names
-        )
+        return check_graph(self.reference, gm, self.inputs, rtol=rtol, atol=atol, names=self.names)
 
 
 def _pipeline(spec: Any) -> Any:

@@ -35,6 +35,7 @@ __all__ = [
     "NumericsCheck",
     "NumericsError",
     "PassNumerics",
+    "check_graph",
     "compare_outputs",
     "output_names",
     "program_inputs",
@@ -90,9 +91,11 @@ class Divergence:
     dtype: str = ""
     rtol: float = 0.0
     atol: float = 0.0
-    reason: str = "values"  # values | shape | dtype | structure | type
+    reason: str = "values"  # values | shape | dtype | type | value | number of outputs | run
 
     def __str__(self) -> str:
+        if self.reason == "run":
+            return f"{self.name} does not run: {self.actual}"
         if self.reason != "values":
             return (
                 f"{self.name}: {self.reason} differs: expected {self.expected}, got {self.actual}"
@@ -397,6 +400,27 @@ def run_graph(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any]:
     return pytree.tree_leaves(out)
 
 
+def check_graph(
+    reference: Sequence[Any],
+    gm: fx.GraphModule,
+    inputs: Sequence[Any],
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    names: Sequence[str] | None = None,
+) -> Comparison:
+    """Run ``gm`` and compare with ``reference``; a graph that fails to run does not match."""
+    try:
+        outputs = run_graph(gm, inputs)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        failure = Divergence(
+            -1, "the graph", expected="outputs", actual=f"{type(e).__name__}: {first}", reason="run"
+        )
+        return Comparison(ok=False, outputs=len(reference), failures=[failure])
+    return compare_outputs(reference, outputs, rtol=rtol, atol=atol, names=names)
+
+
 def _callable(program: Any) -> Callable[..., Any]:
     if isinstance(program, torch.export.ExportedProgram):
         return program.module()
@@ -531,7 +555,14 @@ class NumericsCheck(Instrumentation):
             else (sample_inputs_from_meta(gm))
         )
         self.results = []
-        self.reference = run_graph(gm, self._inputs)
+        try:
+            self.reference = run_graph(gm, self._inputs)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise FxpassError(
+                "cannot verify numerics: the input graph does not run on the sample inputs "
+                f"({type(e).__name__}: {first})"
+            ) from e
         self._fp = fingerprint(gm)
 
     def after_pass(self, record, gm, ctx):
@@ -541,9 +572,8 @@ class NumericsCheck(Instrumentation):
         if self._fp is not None and same_fingerprint(self._fp, fp):
             return  # a later run of a fixpoint pass that changed nothing this time
         self._fp = fp
-        outputs = run_graph(gm, self._inputs)
-        cmp = compare_outputs(
-            self.reference, outputs, rtol=self.rtol, atol=self.atol, names=self.names
+        cmp = check_graph(
+            self.reference, gm, self._inputs, rtol=self.rtol, atol=self.atol, names=self.names
         )
         self.results.append(PassNumerics(record.name, record.spec, record.runs, cmp))
         if not cmp.ok and self.raise_on_divergence:
