@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 
 import planted_passes
 import torch
@@ -89,3 +90,25 @@ def test_distinct_regions_are_capped(tmp_path):
     assert big.after.truncated > 0
     page = render_html(None, rec.changes)
     assert "more nodes not drawn" in page and "distinct ones drawn" in page
+
+
+def test_touching_rewrites_are_separate_regions():
+    """Fused ops that feed each other (the residual stream) are drawn as separate regions."""
+    g = torch.fx.Graph()
+    h = g.placeholder("x")
+    for _ in range(5):
+        h = g.call_function(aten.relu.default, (h,))
+    g.output((h,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    before = copy.deepcopy(gm)
+    for node in [n for n in gm.graph.nodes if n.target is aten.relu.default]:
+        with gm.graph.inserting_before(node):
+            fused = gm.graph.call_function(aten.clamp_min.default, (node.args[0], 0.0))
+            item = gm.graph.call_function(operator.getitem, ((fused,), 0))
+        fused.meta["fxpass_provenance"] = {"rule": "relu", "replaced": [node.name]}
+        node.replace_all_uses_with(item)
+        gm.graph.erase_node(node)
+    change = diff_graphs(before, gm)
+    assert change.hunks_total == 5
+    assert sum(h.like_it for h in change.hunks) == 5  # the last one also rewires the output
+    assert max(h.like_it for h in change.hunks) == 4

@@ -16,6 +16,7 @@ under a new name is recognised as the same node.
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -365,19 +366,28 @@ def _build_hunks(change, before, after, status_before, status_after, rename, max
     def key_a(n: str) -> str:
         return n
 
+    rewrite = _rewrite_groups(after, status_after, status_before, key_a, key_b)
+
+    def link(a: str, b: str) -> None:
+        # Two rewrites that touch (a fused op feeding the next one along the residual
+        # stream) stay two regions; everything else connected is one region.
+        ga, gb = rewrite.get(a), rewrite.get(b)
+        if ga is None or gb is None or ga == gb:
+            uf.union(a, b)
+
     for n in status_before:
         uf.find(key_b(n))
         for i in before[n][_INPUTS]:
             if i in status_before:
-                uf.union(key_b(n), key_b(i))
+                link(key_b(n), key_b(i))
     for n in status_after:
         uf.find(key_a(n))
         for i in after[n][_INPUTS]:
             if i in status_after:
-                uf.union(key_a(n), key_a(i))
+                link(key_a(n), key_a(i))
         for src in _sources(after[n]):
             if src in status_before:
-                uf.union(key_a(n), key_b(src))
+                link(key_a(n), key_b(src))
     # Rewired-only nodes join the hunk of what they are wired to, never a hunk of their own.
     groups: dict[str, tuple[list[str], list[str]]] = {}
     for n in status_before:
@@ -421,6 +431,26 @@ def _build_hunks(change, before, after, status_before, status_after, rename, max
         }
         by_sig[sig] = hunk
     change.hunks = list(by_sig.values())
+
+
+def _rewrite_groups(after, status_after, status_before, key_a, key_b) -> dict[str, tuple]:
+    """Node identity -> the rewrite that made (or replaced) it, from fxpass provenance."""
+    group: dict[str, tuple] = {}
+    for n, st in status_after.items():
+        prov = after[n][_PROV]
+        if st == "new" and isinstance(prov, dict) and prov.get("replaced"):
+            g = (prov.get("rule"), tuple(prov["replaced"]))
+            group[key_a(n)] = g
+            for r in prov["replaced"]:
+                if r in status_before:
+                    group.setdefault(key_b(r), g)
+    for n, st in status_after.items():  # a new getitem belongs to the rewrite it unpacks
+        s = after[n]
+        if st == "new" and key_a(n) not in group and s[_TARGET] is operator.getitem:
+            src = s[_INPUTS][0] if s[_INPUTS] else None
+            if src is not None and key_a(src) in group:
+                group[key_a(n)] = group[key_a(src)]
+    return group
 
 
 def _side(summary, names, status, users, order, max_nodes) -> SubGraph:
