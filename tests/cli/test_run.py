@@ -44,9 +44,11 @@ def test_run_prints_table_and_ir_after_change(work: Path):
 
 
 def test_missing_file(work: Path):
-    r = fxpass("run", "nothere.pt2", cwd=work)
+    r = fxpass("run", "nothere.pt2", "--json", cwd=work)
     assert r.code == 3
     assert "no such file: nothere.pt2" in one_line_error(r)
+    data = json.loads(r.out)  # machines get the error as JSON on stdout too
+    assert data["ok"] is False and data["exit_code"] == 3 and "nothere.pt2" in data["error"]
 
 
 @pytest.mark.parametrize("damage", ["not a zip", "truncated"])

@@ -24,6 +24,7 @@ from ._common import (
     OK,
     USAGE,
     CliError,
+    emit_json_error,
     stderr,
 )
 from .commands import bisect_cmd, diff, list_cmd, repro, run, show
@@ -117,5 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if debug:
             traceback.print_exception(e)
         _error(message)
+        if "--json" in args:
+            emit_json_error(message, code)
     sys.stdout.flush()
     sys.exit(code)

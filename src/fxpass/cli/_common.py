@@ -52,9 +52,19 @@ def stderr() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+_EMITTED = [False]  # whether this command already printed its JSON object
+
+
 def emit_json(data: Any) -> None:
+    _EMITTED[0] = True
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def emit_json_error(message: str, code: int) -> None:
+    """With --json, a failed command still prints one JSON object (unless it already did)."""
+    if not _EMITTED[0]:
+        emit_json({"ok": False, "error": message, "exit_code": code})
 
 
 def check_writable(path: str | os.PathLike, what: str) -> Path:

@@ -212,7 +212,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     except PassFailedError as e:
         report = getattr(e, "report", None)
         if as_json:
-            emit_json({"ok": False, "error": str(e).splitlines()[0],
+            emit_json({"ok": False, "error": str(e).splitlines()[0], "exit_code": FAILED,
                        "report": report.to_dict() if report else None})  # fmt: skip
         raise
     final = None
