@@ -49,7 +49,17 @@ def cli(debug: bool) -> None:
     """
 
 
-for _command in (demo, list_cmd, show, run, diff, bisect_cmd, repro):
+_SHORT = {
+    demo: "The whole job on the embedded tiny Llama model; writes report.html.",
+    list_cmd: "Registered passes, their options and one-line docs.",
+    show: "Print a graph, or the graph before and after a pass.",
+    run: "Run a pipeline on TARGET: table, IR, timing, verify, report, save.",
+    diff: "What differs between the graphs of two TARGETs.",
+    bisect_cmd: "Find the first pass and rewrite that break numerics.",
+    repro: "Re-run a crash reproducer; it fails as the original did.",
+}
+for _command, _short in _SHORT.items():
+    _command.short_help = _short
     cli.add_command(_command)
 
 
