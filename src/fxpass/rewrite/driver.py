@@ -1,0 +1,211 @@
+"""Drivers: apply rules to a graph once, or to a fixpoint with a worklist.
+
+>>> from fxpass.rewrite import rewrite
+>>> result = rewrite(gm, my_rules)              # to a fixpoint
+>>> result = rewrite(gm, my_rules, once=True)   # one walk over the graph
+>>> print(result)                               # rewrites and per-rule statistics
+
+Both walk the graph in order and, at each node, try the rules filed under its op in
+priority order; the first that matches and does not decline is applied. Overlapping
+matches are thus resolved deterministically: the earliest root in graph order wins, then the
+earliest rule. The fixpoint driver then revisits what each rewrite touched (the new nodes,
+their users, and the users of the match's inputs) until nothing matches, and stops with
+:class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import fx
+from torch.fx import Node
+
+from ..core.context import current_context
+from ..core.errors import NonConvergenceError
+from ._state import MatchState
+from .match import Matcher, RuleStats, _make_match
+from .rewriter import Rewriter
+from .rule import Rule, RuleSet, as_rule
+
+__all__ = ["RewriteResult", "rewrite"]
+
+
+@dataclass
+class RewriteResult:
+    """What a rewrite run did: how many rewrites, and per-rule statistics."""
+
+    rewrites: int = 0
+    stats: dict[str, RuleStats] = field(default_factory=dict)
+    seconds: float = 0.0
+    mode: str = "fixpoint"
+
+    @property
+    def modified(self) -> bool:
+        return self.rewrites > 0
+
+    def __str__(self) -> str:
+        lines = [f"{self.rewrites} rewrites ({self.mode}) in {self.seconds * 1000:.1f} ms"]
+        width = max((len(n) for n in self.stats), default=4)
+        lines.append(f"  {'rule':<{width}}  {'tried':>7} {'matched':>7} {'rewritten':>9} {'ms':>8}")
+        for name, s in self.stats.items():
+            lines.append(
+                f"  {name:<{width}}  {s.tried:>7} {s.matched:>7} {s.rewritten:>9} "
+                f"{s.seconds * 1000:>8.2f}"
+            )
+        return "\n".join(lines)
+
+
+def _matcher_of(rules: Any) -> tuple[Matcher, str, Any]:
+    if isinstance(rules, RuleSet):
+        return rules.matcher(), rules.name, rules
+    if isinstance(rules, Rule):
+        return Matcher([rules]), rules.name, None
+    if isinstance(rules, Matcher):
+        return rules, "rules", None
+    if isinstance(rules, Iterable):
+        rs = RuleSet("rules", [as_rule(r) for r in rules])
+        return rs.matcher(), rs.name, rs
+    raise TypeError(
+        f"rewrite() takes a Rule, a RuleSet or a list of rules, not {type(rules).__name__}"
+    )
+
+
+def rewrite(
+    gm: fx.GraphModule | fx.Graph,
+    rules: Any,
+    *,
+    once: bool = False,
+    max_rewrites: int | None = None,
+    pass_name: str | None = None,
+) -> RewriteResult:
+    """Apply ``rules`` (a rule, a rule set, or a list of rules and tuples) to ``gm``.
+
+    Each single rewrite is atomic. Statistics (``rewrites``, ``<rule>.tried``/``matched``/
+    ``rewritten``/``ms``) go to the running pass's record when called inside a pipeline.
+    The caller regenerates code (``gm.recompile()``) unless a pipeline does it.
+    """
+    matcher, name, _ = _matcher_of(rules)
+    matcher.reset_stats()
+    rw = Rewriter(gm, pass_name or _pass_name(name))
+    st = MatchState(order=rw.order)
+    t0 = time.perf_counter()
+    if once:
+        _walk_once(rw, matcher, st)
+    else:
+        graph = rw.graph
+        limit = max_rewrites if max_rewrites is not None else 10 * len(graph.nodes) + 100
+        _fixpoint(rw, matcher, st, limit, name)
+    result = RewriteResult(
+        rewrites=rw.rewrites,
+        stats=dict(matcher.stats),
+        seconds=time.perf_counter() - t0,
+        mode="once" if once else "fixpoint",
+    )
+    _report(result)
+    return result
+
+
+def _pass_name(default: str) -> str:
+    ctx = current_context()
+    if ctx is not None and ctx.pass_path:
+        return ctx.pass_path[-1]
+    return default
+
+
+def _rewrite_at(node: Node, rw: Rewriter, matcher: Matcher, st: MatchState) -> Any:
+    """Try the node's rules in order; the applied match, or None."""
+    stats = matcher.stats
+    perf = time.perf_counter
+    for rule in matcher.rules_for(node):
+        s = stats[rule.name]
+        t0 = perf()
+        ok = rule._try(node, st)
+        s.seconds += perf() - t0
+        s.tried += 1
+        if not ok:
+            continue
+        s.matched += 1
+        match = _make_match(rule, node, st)
+        if rw.apply(match, s):
+            return match
+    return None
+
+
+def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
+    wanted = matcher.wanted()
+    for node in list(rw.graph.nodes):
+        if wanted is not None:  # skip nodes no rule can be rooted at, without a call
+            op = node.op
+            if op == "call_function":
+                if id(node.target) not in wanted:
+                    continue
+            elif op == "call_method" or op == "call_module":
+                if (op[5:], node.target) not in wanted:
+                    continue
+            else:
+                continue
+        if not node._erased:
+            _rewrite_at(node, rw, matcher, st)
+
+
+def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: str) -> None:
+    work: deque[Node] = deque(rw.graph.nodes)
+    queued: set[Node] = set(work)
+
+    def push(n: Node) -> None:
+        if n not in queued and not n._erased:
+            queued.add(n)
+            work.append(n)
+
+    while work:
+        node = work.popleft()
+        queued.discard(node)
+        if node._erased:
+            continue
+        match = _rewrite_at(node, rw, matcher, st)
+        if match is None:
+            continue
+        if rw.rewrites > limit:
+            raise _non_convergence(name, limit, matcher)
+        region = set(match.nodes)
+        for n in match.nodes:
+            for a in n.all_input_nodes:
+                if a not in region and not a._erased:
+                    for u in a.users:
+                        push(u)
+        for n in rw.created:
+            push(n)
+            for u in n.users:
+                push(u)
+
+
+def _non_convergence(name: str, limit: int, matcher: Matcher) -> NonConvergenceError:
+    busiest = sorted(matcher.stats.items(), key=lambda kv: -kv[1].rewritten)[:3]
+    top = ", ".join(f"'{n}' ({s.rewritten} rewrites)" for n, s in busiest if s.rewritten)
+    return NonConvergenceError(
+        f"rules '{name}' made more than {limit} rewrites without reaching a fixpoint; "
+        f"busiest: {top}. Rules that undo each other (or keep growing the graph) never "
+        "converge: fix them, raise max_rewrites, or run with once=True"
+    )
+
+
+def _report(result: RewriteResult) -> None:
+    ctx = current_context()
+    if ctx is None:
+        return
+    ctx.stat("rewrites", result.rewrites)
+    for name, s in result.stats.items():
+        if not s.tried:
+            continue
+        ctx.stat(f"{name}.tried", s.tried)
+        ctx.stat(f"{name}.matched", s.matched)
+        ctx.stat(f"{name}.rewritten", s.rewritten)
+        ctx.stat(f"{name}.ms", round(s.seconds * 1000, 3))
+        if s.declined:
+            ctx.stat(f"{name}.declined", s.declined)
+        if s.skipped:
+            ctx.stat(f"{name}.skipped", s.skipped)

@@ -1,0 +1,177 @@
+"""Explain a miss: why a rule did not match at a node, or anywhere in a graph.
+
+>>> from fxpass.rewrite import explain
+>>> print(explain(rule, node))      # the first constraint that failed at this node
+>>> print(explain(rule, gm))        # where it matched, and its closest miss
+>>> print(explain(rule_set, gm))    # the same for every rule of a set
+
+The matcher replays the search with explanations on and keeps the failure that came
+deepest into the pattern (the most nodes matched): wrong op, extra user, literal differs,
+dtype/rank/shape, a name bound twice to different values, a predicate, a would-be cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import fx
+from torch.fx import Node
+
+from ._location import short
+from ._state import MatchState
+from .match import _lazy_order
+from .pattern import node_key, op_name
+from .rule import Rule, RuleSet, as_rule
+
+__all__ = ["Explanation", "GraphExplanation", "explain"]
+
+
+@dataclass
+class Explanation:
+    """Whether ``rule`` matches at ``node``, and if not, the first failing constraint."""
+
+    rule: Rule
+    node: Node
+    matched: bool
+    reason: str = ""
+    at: Node | None = None
+    depth: int = 0
+
+    def __bool__(self) -> bool:
+        return self.matched
+
+    def __str__(self) -> str:
+        head = f"rule '{self.rule.name}' ({short(self.rule.location)}) at %{self.node.name}"
+        if self.matched:
+            return f"{head}: matches"
+        where = f" [at %{self.at.name}]" if self.at is not None and self.at is not self.node else ""
+        return f"{head}: no match: {self.reason}{where}"
+
+
+@dataclass
+class GraphExplanation:
+    """Where ``rule`` matches in a graph and, if nowhere, its closest miss."""
+
+    rule: Rule
+    candidates: int
+    matches: list[Node] = field(default_factory=list)
+    closest: Explanation | None = None
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.matches)
+
+    def __str__(self) -> str:
+        head = f"rule '{self.rule.name}' ({short(self.rule.location)})"
+        if not self.candidates:
+            return f"{head}: no node calls its root op ({_root_ops(self.rule)})"
+        lines = [
+            f"{head}: matches at {len(self.matches)} of {self.candidates} candidate nodes"
+            + (": " + ", ".join(f"%{n.name}" for n in self.matches[:8]) if self.matches else "")
+            + (" ..." if len(self.matches) > 8 else "")
+        ]
+        if self.closest is not None:
+            lines.append(f"  closest miss: {self.closest}")
+        for reason, n in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:5]:
+            lines.append(f"  {n:>5} x {reason}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Explanations:
+    """One explanation per rule of a rule set."""
+
+    items: list[Any]
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __str__(self) -> str:
+        return "\n".join(str(i) for i in self.items)
+
+
+def _root_ops(rule: Rule) -> str:
+    keys = rule.index_keys()
+    if keys is None:
+        return "any"
+    names = []
+    for k in keys:
+        if isinstance(k, tuple):
+            names.append(f".{k[1]}()" if k[0] == "method" else f"module {k[1]}")
+        else:
+            names.append(op_name(k))
+    return ", ".join(sorted(names))
+
+
+def explain_at(rule: Rule, node: Node, order: Any = None) -> Explanation:
+    """Why ``rule`` does (not) match at ``node``."""
+    keys = rule.index_keys()
+    if keys is not None:
+        key = node_key(node)
+        packet = getattr(key, "overloadpacket", None)
+        if key not in keys and packet not in keys:
+            have = op_name(node.target) if node.op == "call_function" else f"a {node.op} node"
+            return Explanation(
+                rule,
+                node,
+                False,
+                f"wrong op at the root: the rule starts at {_root_ops(rule)}, %{node.name} is {have}",
+                node,
+            )
+    st = MatchState(explain=True, order=order if order is not None else _lazy_order(node.graph))
+    if rule._try(node, st):
+        return Explanation(rule, node, True)
+    return Explanation(rule, node, False, st.why or "no match", st.why_node, st.why_depth)
+
+
+def _explain_graph(rule: Rule, graph: fx.Graph) -> GraphExplanation:
+    keys = rule.index_keys()
+    order = _lazy_order(graph)
+    out = GraphExplanation(rule, 0)
+    for node in graph.nodes:
+        if keys is not None:
+            key = node_key(node)
+            if key not in keys and getattr(key, "overloadpacket", None) not in keys:
+                continue
+        out.candidates += 1
+        e = explain_at(rule, node, order)
+        if e.matched:
+            out.matches.append(node)
+            continue
+        reason = e.reason.split(":", 1)[0] if ":" in e.reason else e.reason
+        out.reasons[reason] = out.reasons.get(reason, 0) + 1
+        if out.closest is None or e.depth > out.closest.depth:
+            out.closest = e
+    return out
+
+
+def explain(rules: Any, target: Any) -> Any:
+    """Explain ``rules`` (a rule, a rule set or a list) at a node or over a graph."""
+    if isinstance(target, fx.GraphModule):
+        target = target.graph
+    if isinstance(rules, RuleSet):
+        return Explanations([explain(r, target) for r in rules])
+    if isinstance(rules, (list, tuple)) and not isinstance(rules, Rule):
+        items = [as_rule(r) for r in rules] if not _is_rule_tuple(rules) else [as_rule(rules)]
+        return Explanations([explain(r, target) for r in items])
+    rule = as_rule(rules)
+    if isinstance(target, Node):
+        return explain_at(rule, target)
+    if isinstance(target, fx.Graph):
+        return _explain_graph(rule, target)
+    raise TypeError(
+        f"explain() needs a Node, a Graph or a GraphModule, not {type(target).__name__}"
+    )
+
+
+def _is_rule_tuple(x: Any) -> bool:
+    return (
+        isinstance(x, tuple) and len(x) in (2, 3) and callable(x[1]) and not isinstance(x[1], Rule)
+    )

@@ -1,0 +1,344 @@
+"""The rewriter: the one place where rewrites change the graph.
+
+Every change goes through :class:`Rewriter`, which asks the pipeline's context before each
+rewrite (``ctx.allow()``: a debug counter may say no, which is how bisection stops after the
+k-th rewrite), builds the replacement, fills in metadata, rewires and erases, tells the
+instrumentation (``ctx.notify``), and keeps the topological positions current. A match is
+validated completely before anything changes, and a replacement that raises or declines
+leaves the graph as it was: no rewrite is ever half-applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx import Node, Proxy
+from torch.fx.node import map_aggregate, map_arg
+from torch.fx.proxy import GraphAppendingTracer
+
+from ..core.context import ChangeEvent, current_context
+from ..core.errors import FxpassError
+from ._location import short
+from .match import Match, RuleStats
+from .metadata import MetaPropagator
+from .order import TopoOrder, users_before
+
+__all__ = ["RewriteError", "Rewriter"]
+
+
+class RewriteError(FxpassError):
+    """A rule's replacement raised or returned something that cannot replace the match."""
+
+    def __init__(self, rule: Any, message: str) -> None:
+        self.rule = rule
+        super().__init__(f"rule '{rule.name}' (written at {short(rule.location)}): {message}")
+
+
+class _Tracer(GraphAppendingTracer):
+    """Appends proxy calls to the graph at its insertion point (a lean ``create_proxy``)."""
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None, *_, **__):
+        node = new_node(self.graph, kind, target, args, kwargs, name, type_expr)
+        return _Proxy(node, self)
+
+
+class _Proxy(Proxy):
+    """torch's Proxy with a leaner ``__torch_function__`` (no pytree walks per call)."""
+
+    @classmethod
+    def __torch_function__(cls, orig, types, args=(), kwargs=None):
+        tracer = _tracer_in(args) or _tracer_in(tuple((kwargs or {}).values()))
+        if isinstance(orig, _OpOverload):
+            kind, target = "call_function", orig
+        elif torch.overrides.is_tensor_method_or_property(orig):
+            kind, target = "call_method", orig.__name__
+        else:
+            kind, target = "call_function", orig
+        return tracer.create_proxy(kind, target, tuple(args or ()), dict(kwargs or {}))
+
+
+_OpOverload = torch._ops.OpOverload
+
+
+def _tracer_in(args: tuple) -> Any:
+    for a in args:
+        if isinstance(a, Proxy):
+            return a.tracer
+        if isinstance(a, (list, tuple)):
+            t = _tracer_in(a)
+            if t is not None:
+                return t
+    return None
+
+
+def _unwrap(a: Any) -> Any:
+    return a.node if isinstance(a, Proxy) else a
+
+
+def new_node(
+    graph: fx.Graph,
+    op: str,
+    target: Any,
+    args: tuple,
+    kwargs: dict,
+    name: str | None = None,
+    type_expr: Any = None,
+) -> Node:
+    """``graph.create_node`` at the insertion point, arguments set after creation.
+
+    Same node as ``create_node`` makes; setting the arguments afterwards skips its scan of
+    every argument for raw symbolic values, a third of its cost.
+    """
+    node = graph.create_node(op, target, (), {}, name, type_expr)
+    args = map_aggregate(args, _unwrap)
+    kwargs = map_aggregate(kwargs, _unwrap)
+    if args or kwargs:
+        node._update_args_kwargs(args, kwargs)
+    return node
+
+
+class Rewriter:
+    """Applies matches to one graph. Create one per run; it keeps a topological index.
+
+    ``pass_name`` is recorded in the provenance of new nodes (default: the running pass).
+    """
+
+    def __init__(self, gm: fx.GraphModule | fx.Graph, pass_name: str | None = None) -> None:
+        self.graph: fx.Graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
+        self.gm = gm if isinstance(gm, fx.GraphModule) else self.graph.owning_module
+        self.ctx = current_context()
+        if pass_name is None:
+            path = self.ctx.pass_path if self.ctx is not None else []
+            pass_name = path[-1] if path else "rewrite"
+        self.pass_name = pass_name
+        self._order: TopoOrder | None = None
+        self._tracer = _Tracer(self.graph)
+        self.meta = MetaPropagator()
+        self.rewrites = 0
+        self.created: list[Node] = []  # new nodes of the last rewrite
+
+    # ----- the topological index -------------------------------------------------------
+    def order(self) -> TopoOrder:
+        """Positions of the graph's nodes (built on first use, then kept current)."""
+        if self._order is None:
+            self._order = TopoOrder(self.graph)
+        return self._order
+
+    # ----- applying a match ---------------------------------------------------------------
+    def apply(self, match: Match, stats: RuleStats | None = None) -> bool:
+        """Replace ``match`` by its rule's replacement. False if skipped or declined."""
+        rule = match.rule
+        ctx = self.ctx
+        if ctx is not None and not ctx.allow():
+            if stats is not None:
+                stats.skipped += 1
+            return False
+        outputs = match.outputs
+        region = set(match.nodes)
+        anchor = outputs[0]
+        movers: list[Node] = []
+        if len(outputs) > 1:
+            order = self.order()
+            anchor = max(outputs, key=order.__getitem__)
+            movers = users_before(order, outputs, region, order[anchor])
+        new, values = self._build(match, anchor)
+        if values is None:
+            if stats is not None:
+                stats.declined += 1
+            return False
+        for m in movers:  # readers of an inner output must follow the replacement
+            anchor.prepend(m)
+        donors = {v: o for o, v in zip(outputs, values) if v in new}
+        self.meta.values(new, donors, match.root)
+        self.meta.provenance(
+            new,
+            donors,
+            match.root,
+            match.nodes,
+            outputs=outputs,
+            rule=rule.name,
+            pass_name=self.pass_name,
+            location=rule.location,
+        )
+        new_set = set(new)
+        for old, value in zip(outputs, values):
+            if value is not old:
+                old.replace_all_uses_with(
+                    value, delete_user_cb=lambda u: u not in new_set, propagate_meta=False
+                )
+        erased = self._erase_dead([*match.dropped, *match.nodes])
+        if self._order is not None:
+            self._order.forget(erased)
+            self._order.place(new + movers)
+        self.rewrites += 1
+        self.created = new
+        if stats is not None:
+            stats.rewritten += 1
+        if ctx is not None:
+            ctx.notify(
+                ChangeEvent("replace", rule.name, list(match.nodes), list(new), 0, rule.location)
+            )
+        return True
+
+    def _build(self, match: Match, anchor: Node) -> tuple[list[Node], list[Node] | None]:
+        """Run the replacement before ``anchor``; (new nodes, values per output or None)."""
+        rule = match.rule
+        graph = self.graph
+        before = anchor.prev
+        tracer = self._tracer
+        env = {k: _wrap(v, tracer) for k, v in match.bindings.items()}
+        try:
+            with graph.inserting_before(anchor):
+                result = rule.build(env, match)
+            new = _between(before, anchor)
+            values = None if result is None else self._values(match, result)
+        except Exception as e:
+            self._undo(_between(before, anchor))
+            if isinstance(e, RewriteError):
+                raise
+            raise RewriteError(rule, f"the replacement raised {type(e).__name__}: {e}") from e
+        if values is None:
+            self._undo(new)
+        return new, values
+
+    def _values(self, match: Match, result: Any) -> list[Node]:
+        rule = match.rule
+        outputs = match.outputs
+        names = [*(None for _ in rule.roots), *rule.outputs]
+        if isinstance(result, dict):
+            root_names = [r.name for r in rule.roots]
+            seq = []
+            for i, out_name in enumerate(names):
+                key = out_name if out_name is not None else root_names[i]
+                if key in result:
+                    seq.append(result[key])
+                elif i == 0 and "root" in result:
+                    seq.append(result["root"])
+                else:
+                    want = [n for n in [*root_names, *rule.outputs] if n]
+                    raise RewriteError(
+                        rule,
+                        f"the replacement's dict has no value for output {key!r} (it needs {want})",
+                    )
+        elif len(outputs) == 1 and not isinstance(result, (tuple, list)):
+            seq = [result]
+        elif isinstance(result, (tuple, list)) and not isinstance(result, Proxy):
+            seq = list(result)
+        else:
+            seq = [result]
+        if len(seq) != len(outputs):
+            raise RewriteError(
+                rule,
+                f"the replacement returned {len(seq)} value(s) for {len(outputs)} output(s) "
+                f"(roots, then {list(rule.outputs)})",
+            )
+        values = []
+        for v in seq:
+            v = v.node if isinstance(v, Proxy) else v
+            if not isinstance(v, Node) or v.graph is not self.graph or v._erased:
+                raise RewriteError(
+                    rule,
+                    f"the replacement must return graph values (nodes or proxies), got {v!r}",
+                )
+            values.append(v)
+        return values
+
+    def _undo(self, nodes: Sequence[Node]) -> None:
+        for n in reversed(nodes):
+            if not n._erased:
+                self.graph.erase_node(n)
+
+    def _erase_dead(self, nodes: Iterable[Node]) -> list[Node]:
+        """Erase the nodes (users first) that nothing uses any more; returns them."""
+        order = self._order
+        todo = [n for n in nodes if not n._erased]
+        if order is not None:
+            todo.sort(key=order.__getitem__, reverse=True)
+        else:
+            todo = _reverse_topological(todo)
+        out = []
+        graph = self.graph
+        fast = _fast_eraser(graph)
+        for n in todo:
+            if not n.users and not n._erased:
+                if fast is not None:
+                    fast(n)
+                else:
+                    graph.erase_node(n)
+                out.append(n)
+        return out
+
+
+def _none(_: Node) -> None:
+    return None
+
+
+def _fast_eraser(graph: fx.Graph) -> Any:
+    """``graph.erase_node`` without its per-call overhead, for nodes known to be dead.
+
+    It does what ``erase_node`` does (hooks, lookup table, list, argument users) but sets
+    ``_erased`` without ``Node.__setattr__``'s lookup-table round trip. Falls back to None
+    (use ``erase_node``) when this torch's graph internals look different.
+    """
+    table = getattr(getattr(graph, "_find_nodes_lookup_table", None), "table", None)
+    if table is None or not hasattr(graph, "_len"):
+        return None
+    owner = graph.owning_module
+    hooks = getattr(owner, "_erase_node_hooks", None) if owner is not None else None
+    setter = object.__setattr__
+
+    def erase(n: Node) -> None:
+        if hooks:
+            for f in hooks:
+                f(n)
+        table[(n.op, n.target if n.op == "call_function" else None)].pop(n)
+        n._remove_from_list()
+        setter(n, "_erased", True)
+        graph._len -= 1
+        n._update_args_kwargs(map_arg(n._args, _none), map_arg(n._kwargs, _none))
+
+    return erase
+
+
+def _wrap(v: Any, tracer: Any) -> Any:
+    if isinstance(v, Node):
+        return _Proxy(v, tracer)
+    if isinstance(v, (list, tuple)):
+        return map_aggregate(v, lambda x: _Proxy(x, tracer) if isinstance(x, Node) else x)
+    return v
+
+
+def _between(before: Node, anchor: Node) -> list[Node]:
+    out = []
+    n = before.next
+    while n is not anchor:
+        out.append(n)
+        n = n.next
+    return out
+
+
+def _reverse_topological(nodes: list[Node]) -> list[Node]:
+    """``nodes`` ordered so every node comes before the nodes it uses (among ``nodes``)."""
+    inside = set(nodes)
+    out: list[Node] = []
+    done: set[Node] = set()
+
+    def visit(n: Node) -> None:
+        stack = [(n, False)]
+        while stack:
+            x, expanded = stack.pop()
+            if x in done:
+                continue
+            if expanded:
+                done.add(x)
+                out.append(x)
+                continue
+            stack.append((x, True))
+            stack.extend((u, False) for u in x.users if u in inside and u not in done)
+
+    for n in nodes:
+        visit(n)
+    return out  # a node is appended only after all its users: users come first
