@@ -183,6 +183,21 @@ class Rewriter:
             )
         return True
 
+    def erase(self, node: Node, rule: str, location: str = "") -> bool:
+        """Erase ``node``, which nothing uses. False if the context said no."""
+        if node.users:
+            raise ValueError(f"cannot erase %{node.name}: it still has users {list(node.users)}")
+        ctx = self.ctx
+        if ctx is not None and not ctx.allow():
+            return False
+        erased = self._erase_dead([node])
+        if self._order is not None:
+            self._order.forget(erased)
+        self.rewrites += 1
+        if ctx is not None:
+            ctx.notify(ChangeEvent("erase", rule, [node], [], 0, location))
+        return True
+
     def _build(self, match: Match, anchor: Node) -> tuple[list[Node], list[Node] | None]:
         """Run the replacement before ``anchor``; (new nodes, values per output or None)."""
         rule = match.rule
