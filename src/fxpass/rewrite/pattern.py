@@ -104,7 +104,14 @@ def op_name(target: Any) -> str:
         return str(target)
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
-    module = {"_operator": "operator", "torch._C._VariableFunctions": "torch"}.get(module, module)
+    module = {
+        "_operator": "operator",
+        "torch._C._VariableFunctions": "torch",
+        "torch._VariableFunctionsClass": "torch",
+        "torch._C._nn": "torch._C._nn",
+    }.get(module, module)
+    if module == "torch" or name.startswith("_VariableFunctionsClass."):
+        return f"torch.{getattr(target, '__name__', name)}"
     return f"{module}.{name}" if module else name
 
 
