@@ -67,6 +67,22 @@ def test_pattern_graphs_find_every_norm(gm):
         }
 
 
+def _norm_fn(x, eps):
+    h = x.float()
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_functions_are_traced_by_the_rewrite_engine():
+    # export's asserts stay in the graph: they hang off the norm and must not block matching
+    graph = _models.exported_gm()
+    example = (torch.randn(1, 8, 64, dtype=torch.bfloat16), 1e-5)
+    matches = pattern_matches(graph, [(_norm_fn, example)])
+    assert len(matches) == 5  # eps is a scalar parameter: it matches the graph's 1e-6
+    assert matches == pattern_matches(graph, [(_norm_fn, example, "aten")])
+    by_graph = pattern_matches(_models.exported_gm(remove_asserts=True), [_norm_graph()])
+    assert [[n.name for n in m] for m in matches] == [[n.name for n in m] for m in by_graph]
+
+
 def test_literals_must_agree_unless_ignored(gm):
     assert pattern_matches(gm, [_norm_graph(1e-5)]) == []
     assert len(pattern_matches(gm, [_norm_graph(1e-5)], ignore_literals=True)) == 5
@@ -78,7 +94,7 @@ def test_rewrite_patterns_and_rules_are_accepted(gm):
     assert len(pattern_matches(gm, [rsqrt_of_add])) == 5
     rule = Rule(rsqrt_of_add, lambda x, eps: None, contained=False)
     assert pattern_matches(gm, [rule]) == pattern_matches(gm, [rsqrt_of_add])
-    with pytest.raises(TypeError, match="pattern 0: expected an fx.Graph"):
+    with pytest.raises(TypeError, match="pattern 0: expected"):
         pattern_matches(gm, ["rsqrt"])
 
 

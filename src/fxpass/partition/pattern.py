@@ -8,9 +8,14 @@ largest cycle-free partitions of the supported nodes (single-node partitions all
 ExecuTorch does).
 
 Patterns are found with fxpass's rewrite engine (:mod:`fxpass.rewrite`: op-indexed, so each
-pattern is tried only at nodes calling its root op). A pattern is an ``fx.Graph`` (or a
-``GraphModule``) traced in the same dialect as the graph — its placeholders match anything,
-its output's nodes are the roots — or a rewrite pattern ``P(...)``, or a ``Rule``.
+pattern is tried only at nodes calling its root op). A pattern is
+
+* a PyTorch function with example inputs, ``(fn, example_inputs)`` or
+  ``(fn, example_inputs, ir)``, traced by the engine into the graph's IR (``"aten"`` by
+  default; scalar parameters such as ``eps`` match any literal);
+* an ``fx.Graph`` (or a ``GraphModule``) captured in the same dialect as the graph — its
+  placeholders match anything, its output's nodes are the roots;
+* a rewrite pattern ``P(...)``, or a ``Rule``.
 
 >>> parts = pattern_partitions(gm, [norm_graph], op_support="ops(aten.add)")  # doctest: +SKIP
 
@@ -41,7 +46,7 @@ __all__ = [
 ]
 
 
-def _keep(match: Any = None) -> None:
+def _keep(*args: Any, **kwargs: Any) -> None:
     """Matching only: this replacement is never called."""
     return None
 
@@ -74,9 +79,32 @@ def graph_pattern(pattern: fx.Graph | fx.GraphModule) -> Pattern | tuple[Pattern
     return roots[0] if len(roots) == 1 else tuple(roots)
 
 
+def _traced(pattern: tuple, index: int) -> Rule:
+    from ..rewrite.traced import traced_rule
+
+    fn, inputs, *rest = pattern
+    ir = rest[0] if rest else "aten"
+    return traced_rule(
+        fn,
+        _keep,
+        list(inputs),
+        ir=ir,
+        name=f"pattern_{index}",
+        trace_replacement=False,
+        contained=False,
+    )
+
+
 def _as_rule(pattern: Any, index: int) -> Rule:
     if isinstance(pattern, Rule):
         return pattern
+    if (
+        isinstance(pattern, tuple)
+        and pattern
+        and callable(pattern[0])
+        and not isinstance(pattern[0], Pattern)
+    ):
+        return _traced(pattern, index)
     if isinstance(pattern, (fx.Graph, fx.GraphModule)):
         pattern = graph_pattern(pattern)
     if isinstance(pattern, Pattern) or (
@@ -85,20 +113,32 @@ def _as_rule(pattern: Any, index: int) -> Rule:
         # contained=False: a match is wanted even where its inner values are used elsewhere
         return Rule(pattern, _keep, name=f"pattern_{index}", contained=False)
     raise TypeError(
-        f"pattern {index}: expected an fx.Graph, a GraphModule, a rewrite pattern P(...) or a "
-        f"Rule, got {type(pattern).__name__}"
+        f"pattern {index}: expected (function, example_inputs), an fx.Graph, a GraphModule, a "
+        f"rewrite pattern P(...) or a Rule, got {type(pattern).__name__}"
+    )
+
+
+def _graph_of(target: Any) -> fx.Graph:
+    if isinstance(target, torch.export.ExportedProgram):
+        return target.graph_module.graph
+    if isinstance(target, fx.GraphModule):
+        return target.graph
+    if isinstance(target, fx.Graph):
+        return target
+    raise TypeError(
+        f"expected a GraphModule, Graph or ExportedProgram, got {type(target).__name__}"
     )
 
 
 def pattern_matches(
-    graph_module: fx.GraphModule | fx.Graph,
+    graph_module: fx.GraphModule | fx.Graph | torch.export.ExportedProgram,
     patterns: Iterable[Any],
     *,
     ignore_literals: bool = False,
 ) -> list[list[fx.Node]]:
     """The nodes of every match of every pattern (placeholders of a pattern excluded), in
     graph order: one list per match, each pattern at each root node at most once."""
-    graph = graph_module.graph if isinstance(graph_module, fx.GraphModule) else graph_module
+    graph = _graph_of(graph_module)
     matchers = [Matcher([_as_rule(p, i)]) for i, p in enumerate(patterns)]
     found: list[list[fx.Node]] = []
     for node in graph.nodes:
