@@ -28,9 +28,20 @@ from ._pass_infra import (
     pass_result_wrapper,
     this_before_that_pass_constraint,
 )
+from ._subgraph import (
+    InternalMatch,
+    Match,
+    ReplacedPatterns,
+    SubgraphMatcher,
+    SubgraphMatcherWithNameNodeMap,
+    replace_pattern,
+    replace_pattern_with_filters,
+)
 
 __all__ = [
     "CapabilityBasedPartitioner",
+    "InternalMatch",
+    "Match",
     "OpSupports",
     "OperatorSupport",
     "OperatorSupportBase",
@@ -38,7 +49,10 @@ __all__ = [
     "PassBase",
     "PassManager",
     "PassResult",
+    "ReplacedPatterns",
     "SourcePartition",
+    "SubgraphMatcher",
+    "SubgraphMatcherWithNameNodeMap",
     "_topological_sort_passes",
     "any_chain",
     "chain",
@@ -47,5 +61,7 @@ __all__ = [
     "fuse_by_partitions",
     "get_source_partitions",
     "pass_result_wrapper",
+    "replace_pattern",
+    "replace_pattern_with_filters",
     "this_before_that_pass_constraint",
 ]

@@ -528,6 +528,7 @@ class _Resolved:
     """
 
     __slots__ = (
+        "free",
         "getter",
         "kw_names",
         "lits",
@@ -546,8 +547,9 @@ class _Resolved:
         self.subs: list[tuple] = []  # (slot, pattern), op patterns first
         self.quick: list[tuple] = []  # (slot, first-op keys, packets) checked up front
         self.unmentioned: list[tuple] = []  # (index, name, default) that must equal default
-        self.pos_limit = -1  # schema-less targets: most positional args allowed
-        self.kw_names: frozenset[str] | None = None  # schema-less: kwargs allowed
+        self.pos_limit = -1  # schema-less targets: the positional args the pattern gives
+        self.kw_names: frozenset[str] = frozenset()  # schema-less: the kwargs it gives
+        self.free = False  # schema-less: the node may have more arguments
         self.swap: tuple[int, int] | None = None  # slots of positional 0 and 1
         self.ok = True
         self.getter: Callable[[tuple, dict], list] = lambda a, kw: []
@@ -885,8 +887,9 @@ class P(Pattern):
                 r.slots.append((i, None, MISSING, p))
             for name, p in self.kwargs.items():
                 r.slots.append((-1, name, MISSING, p))
-            r.pos_limit = -1 if self.free_rest else len(self.args)
-            r.kw_names = None if self.free_rest else frozenset(self.kwargs)
+            r.pos_limit = len(self.args)
+            r.kw_names = frozenset(self.kwargs)
+            r.free = self.free_rest
         if r.ok:
             r.finish()
         self._cache[key] = r
@@ -1004,10 +1007,11 @@ class P(Pattern):
 
 
 def _strict_ok(r: _Resolved, args: tuple, kwargs: dict, v: Node, st: MatchState) -> bool:
-    """Arguments the pattern leaves out must be defaults (schema) or absent (no schema)."""
+    """Arguments the pattern leaves out must be defaults (with a schema); without a schema
+    the node has exactly the arguments the pattern gives (at least them, after ``...``)."""
     for index, name, default in r.unmentioned:
         val = args[index] if 0 <= index < len(args) else kwargs.get(name, default)
-        if not (val is default or _lit_eq(default, val)):
+        if not (val is default or lit_ok(default, val, st)):
             if st.explain:
                 msg = (
                     f"{_show(v)}: argument '{name}' is {_show(val)}; the pattern "
@@ -1016,13 +1020,18 @@ def _strict_ok(r: _Resolved, args: tuple, kwargs: dict, v: Node, st: MatchState)
                 return st.miss(lambda msg=msg: msg, v)
             return False
     if r.pos_limit >= 0:
-        extra_kw = r.kw_names is not None and any(key not in r.kw_names for key in kwargs)
-        if len(args) > r.pos_limit or extra_kw:
+        n, names = len(args), r.kw_names
+        if r.free:
+            ok = n >= r.pos_limit and all(key in kwargs for key in names)
+        else:
+            ok = n == r.pos_limit and len(kwargs) == len(names) and all(k in names for k in kwargs)
+        if not ok:
             if st.explain:
                 return st.miss(
                     lambda: (
-                        f"{_show(v)} has arguments the pattern does not mention "
-                        f"({len(args)} positional, keywords {sorted(kwargs)})"
+                        f"{_show(v)} has other arguments than the pattern ({len(args)} "
+                        f"positional, keywords {sorted(kwargs)}; the pattern gives "
+                        f"{r.pos_limit} and {sorted(names)})"
                     ),
                     v,
                 )
