@@ -54,9 +54,16 @@ def _spec(v: Any) -> Any:
     return ("V", type(v).__name__, v)
 
 
+def _val(n: Node) -> Any:
+    """A node's fake value: ``meta['val']``, or Dynamo's ``meta['example_value']``."""
+    meta = n.meta
+    v = meta.get("val", _NO)
+    return meta.get("example_value", _NO) if v is _NO else v
+
+
 def _arg_spec(a: Any) -> Any:
     if isinstance(a, Node):
-        val = a.meta.get("val", _NO)
+        val = _val(a)
         if val is _NO:
             raise TypeError("no val")
         return ("N", _spec(val))
@@ -74,7 +81,7 @@ def _args_key(args: tuple) -> tuple:
     out = []
     for a in args:
         if a.__class__ is Node:
-            v = a.meta.get("val", _NO)
+            v = _val(a)
             if isinstance(v, torch.Tensor):
                 out.append((v.shape, v.stride(), v.dtype, getattr(v, "fake_device", None)))
                 continue
@@ -139,19 +146,22 @@ class MetaPropagator:
     def values(self, new: Sequence[Node], donors: Mapping[Node, Node], fallback: Node) -> None:
         """Set ``meta['val']`` on ``new`` (in graph order); ``donors`` maps a new node to
         the old node whose uses it takes over."""
+        dynamo = "val" not in fallback.meta and "example_value" in fallback.meta
         for n in new:
             val = self._value(n, donors)
             if val is _NO:
                 old = donors.get(n)
-                if old is not None and "val" in old.meta:
-                    val = old.meta["val"]  # same value by construction of the rewrite
+                if old is not None:
+                    val = _val(old)  # the same value by construction of the rewrite
             if val is not _NO:
                 n.meta["val"] = val
+                if dynamo:  # Dynamo's backends read example_value
+                    n.meta["example_value"] = val
 
     def _value(self, n: Node, donors: Mapping[Node, Node]) -> Any:
         args = n.args
         if n.target is operator.getitem and args and isinstance(args[0], Node):
-            src = args[0].meta.get("val", _NO)
+            src = _val(args[0])
             if isinstance(src, (tuple, list)):
                 try:
                     return src[args[1]]
@@ -190,7 +200,7 @@ class MetaPropagator:
     def _run(self, n: Node) -> Any:
         def arg(a: Any) -> Any:
             if isinstance(a, Node):
-                v = a.meta.get("val", _NO)
+                v = _val(a)
                 if v is _NO:
                     raise LookupError(a.name)
                 return v
@@ -221,7 +231,7 @@ class MetaPropagator:
         if kind == "T":
             old = donors.get(n) if n is not None else None
             if old is not None:
-                have = old.meta.get("val")
+                have = _val(old)
                 if isinstance(have, torch.Tensor):
                     try:
                         if _spec(have) == spec:
@@ -242,7 +252,7 @@ class MetaPropagator:
 
         mode = self.fake_mode
         if mode is None:
-            vals = [a.meta.get("val") for a in at.all_input_nodes]
+            vals = [_val(a) for a in at.all_input_nodes]
             mode = self.fake_mode = _fake_mode_of(_leaves(vals))
         if mode is None:
             raise LookupError("no fake mode")

@@ -128,12 +128,15 @@ def node_key(node: Node) -> Any:
 
 
 def value_of(v: Any) -> Any:
-    """The value a pattern constraint inspects: a node's ``meta['val']`` (or tensor_meta)."""
+    """The value a pattern constraint inspects: a node's ``meta['val']`` (or Dynamo's
+    ``example_value``, or ``tensor_meta``)."""
     if isinstance(v, Node):
         meta = v.meta
         val = meta.get("val", MISSING)
-        if val is MISSING:
-            val = meta.get("tensor_meta", MISSING)
+        if val is MISSING:  # Dynamo graphs keep fake values as example_value
+            val = meta.get("example_value", MISSING)
+            if val is MISSING:
+                val = meta.get("tensor_meta", MISSING)
         return val
     return v
 

@@ -1,0 +1,71 @@
+"""``fuse_add_rmsnorm``: a residual add feeding an RMSNorm becomes ``fxpass::fused_add_rmsnorm``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ...core.registry import _builtin
+from ...rewrite.driver import rewrite
+from ...rewrite.rule import Rule, RuleSet
+from ._norm_patterns import add_ok, norm_ok, residual_add, rms_norm, scalars
+
+__all__ = ["RULES", "fuse_add_rmsnorm"]
+
+
+def _fused_add_rms_norm(x: Any, residual: Any, w: Any, eps: float, offset: float = 0.0) -> Any:
+    out = torch.ops.fxpass.fused_add_rmsnorm.default(x, residual, w, *scalars(eps, offset))
+    return out[0], out[1]
+
+
+def _is_add_norm(**b: Any) -> bool:
+    b["x"], b["x_in"] = b["sum"], b["x"]
+    ok = norm_ok(b)
+    b["x"] = b.pop("x_in")
+    return ok and add_ok(b)
+
+
+RULES = RuleSet(
+    "fuse_add_rmsnorm",
+    [
+        Rule(
+            rms_norm(residual_add("x", "residual"), fused=True),
+            _fused_add_rms_norm,
+            name="add_rms_norm",
+            outputs=["sum"],
+            where=_is_add_norm,
+        )
+    ],
+    once=True,
+)
+
+
+@_builtin("fuse_add_rmsnorm")
+def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
+    """Fuse a residual add and the RMSNorm it feeds into
+    ``fxpass::fused_add_rmsnorm(x, residual, w, eps, weight_offset) -> (normed, sum)``.
+
+    The norm may be spelled any way :func:`~fxpass.passes.fusion.fuse_rmsnorm.fuse_rmsnorm`
+    recognizes, or already be an ``fxpass::rms_norm``. The sum stays available: its other
+    users (the next residual add) read the fused op's second result. Only a plain add of
+    two same-shape, same-dtype tensors is fused (a broadcast add is not); an add whose sum
+    the norm does not read is left alone.
+
+    Before / after::
+
+        %sum = aten.add(%x, %residual)
+        %out = <RMSNorm of %sum with %w>
+        %next = aten.add(%sum, %h)
+                        ->  %f = fxpass.fused_add_rmsnorm(%x, %residual, %w, 1e-06, 0.0)
+                            %out = getitem(%f, 0)
+                            %next = aten.add(getitem(%f, 1), %h)
+    """
+    return rewrite(gm, RULES, once=True).modified
+
+
+fuse_add_rmsnorm.statistics = {
+    "rewrites": "residual adds fused with their norm",
+    "add_rms_norm.matched": "add + norm sites found",
+}

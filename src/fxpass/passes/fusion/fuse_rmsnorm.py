@@ -1,0 +1,60 @@
+"""``fuse_rmsnorm``: every spelling of RMSNorm becomes one ``fxpass::rms_norm``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ...core.registry import _builtin
+from ...rewrite.driver import rewrite
+from ...rewrite.pattern import P
+from ...rewrite.rule import Rule, RuleSet
+from ._norm_patterns import norm_ok, rms_norm, scalars
+
+__all__ = ["RULES", "fuse_rmsnorm"]
+
+
+def _fused_rms_norm(x: Any, w: Any, eps: float, offset: float = 0.0) -> Any:
+    return torch.ops.fxpass.rms_norm.default(x, w, *scalars(eps, offset))
+
+
+def _is_norm(**b: Any) -> bool:
+    return norm_ok(b)
+
+
+RULES = RuleSet(
+    "fuse_rmsnorm",
+    [Rule(rms_norm(P.node("x")), _fused_rms_norm, name="rms_norm", where=_is_norm)],
+    once=True,
+)
+
+
+@_builtin("fuse_rmsnorm")
+def fuse_rmsnorm(gm: fx.GraphModule) -> bool:
+    """Fuse each RMSNorm — in any spelling of Llama, Mistral, Qwen2/3, Phi-3 or Gemma, with
+    or without a float32 upcast, weight first or last, any ``eps``, Gemma's ``(1 + w)``,
+    per-head q/k norms — into ``fxpass::rms_norm(x, w, eps, weight_offset)``.
+
+    Works on core ATen, export, AOT and Dynamo graphs (it reads the fake values in the
+    nodes' metadata). A site that only looks like a norm (mean over another dimension, no
+    ``eps``, a weight that is not 1-D, a result in another dtype) is left alone. Export's
+    assertion nodes on the norm's intermediates are removed with it.
+
+    Before / after (Llama, core ATen)::
+
+        %h = aten._to_copy(%x, dtype=torch.float32)
+        %v = aten.mean.dim(aten.pow(%h, 2), [-1], True)
+        %n = aten.mul(%h, aten.rsqrt(aten.add(%v, 1e-06)))
+        %out = aten.mul(%w, aten._to_copy(%n, dtype=torch.bfloat16))
+                                    ->  %out = fxpass.rms_norm(%x, %w, 1e-06, 0.0)
+    """
+    return rewrite(gm, RULES, once=True).modified
+
+
+fuse_rmsnorm.statistics = {
+    "rewrites": "norms fused",
+    "rms_norm.tried": "nodes the norm pattern was tried at",
+    "rms_norm.matched": "norms found",
+}

@@ -1,0 +1,277 @@
+"""Models and captures the fusion tests share.
+
+Every RMSNorm spelling the fusion passes must find is written here as the model families
+write it (Hugging Face's modeling code), plus look-alikes that must be left alone, a small
+residual block to put them in, and a W8A8-style quantized block. Captures (torch.export, AOT
+ATen, Dynamo) are cached; tests get fresh copies.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from torch import nn
+
+F = torch.ops.fxpass
+
+
+# ----- norms, as the families spell them ----------------------------------------------------
+class LlamaRMSNorm(nn.Module):
+    """Llama's RMSNorm; Mistral, Qwen2, Qwen3 and Phi-3 use this same code."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size) + 0.1 * torch.randn(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm (Gemma, Gemma2, Gemma3): ``(1 + weight)``, multiplied in float32."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(0.1 * torch.randn(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+class WeightLastRMSNorm(LlamaRMSNorm):
+    """Weight after the normalized value, upcast with ``.float()`` (InternLM-style)."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.variance_epsilon)
+        return h.to(x.dtype) * self.weight
+
+
+class SqrtRMSNorm(LlamaRMSNorm):
+    """Divides by ``sqrt`` and squares by multiplying (no upcast)."""
+
+    def forward(self, x):
+        return self.weight * (
+            x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.variance_epsilon)
+        )
+
+
+class PlainRMSNorm(LlamaRMSNorm):
+    """No float32 upcast at all, weight last."""
+
+    def forward(self, x):
+        return (
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.weight
+        )
+
+
+NORMS = {
+    "llama": LlamaRMSNorm,
+    "gemma": GemmaRMSNorm,
+    "weight_last": WeightLastRMSNorm,
+    "sqrt": SqrtRMSNorm,
+    "plain": PlainRMSNorm,
+}
+
+
+# ----- look-alikes -------------------------------------------------------------------------
+class OtherDimNorm(LlamaRMSNorm):
+    """Normalizes over dimension 1, not the last one."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+class NoEpsNorm(LlamaRMSNorm):
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True))).to(x.dtype)
+
+
+class CubeNorm(LlamaRMSNorm):
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(3).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+class MatrixWeightNorm(LlamaRMSNorm):
+    """A (1, D) weight: broadcasts like a norm weight, but is not one."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__(hidden_size, eps)
+        self.weight = nn.Parameter(torch.ones(1, hidden_size))
+
+
+class EpsOutsideNorm(LlamaRMSNorm):
+    """``rsqrt(var) + eps``: eps added after the root."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * (torch.rsqrt(h.pow(2).mean(-1, keepdim=True)) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+class NoWeightNorm(LlamaRMSNorm):
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(
+            x.dtype
+        )
+
+
+LOOKALIKES = {
+    "other_dim": OtherDimNorm,
+    "no_eps": NoEpsNorm,
+    "cube": CubeNorm,
+    "matrix_weight": MatrixWeightNorm,
+    "eps_outside": EpsOutsideNorm,
+    "no_weight": NoWeightNorm,
+}
+
+
+# ----- blocks ------------------------------------------------------------------------------
+class Block(nn.Module):
+    """Two residual sub-blocks and a final norm; optional per-head q/k norms."""
+
+    def __init__(self, norm: type, hidden=32, heads=4, eps=1e-6, qk_norm=False):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = norm(hidden, eps)
+        self.norm2 = norm(hidden, eps)
+        self.final = norm(hidden, eps)
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.o = nn.Linear(hidden, hidden, bias=False)
+        self.mlp = nn.Linear(hidden, hidden, bias=False)
+        self.qk_norm = norm(hidden // heads, eps) if qk_norm else None
+
+    def forward(self, x):
+        h = self.q(self.norm1(x))
+        if self.qk_norm is not None:
+            b, s, d = h.shape
+            h = self.qk_norm(h.view(b, s, self.heads, d // self.heads)).reshape(b, s, d)
+        x = x + self.o(torch.tanh(h))
+        x = x + self.mlp(self.norm2(x))
+        return self.final(x)
+
+
+class QuantBlock(nn.Module):
+    """A W8A8-style block: residual add, RMSNorm, static int8 quantization of the norm,
+    an int8 matmul emulated in float32, dequantized; the residual sum flows on."""
+
+    def __init__(self, hidden=32, eps=1e-6, norm: type = LlamaRMSNorm, clamp_min=-128):
+        super().__init__()
+        self.norm = norm(hidden, eps)
+        self.register_buffer("scale", torch.tensor([0.02]))
+        self.weight_q = nn.Parameter(torch.randint(-8, 8, (hidden, hidden)).float(), False)
+        self.clamp_min = clamp_min
+
+    def quant(self, y):
+        return torch.clamp(torch.round(y.float() / self.scale), self.clamp_min, 127).to(torch.int8)
+
+    def forward(self, x, h):
+        s = x + h
+        q = self.quant(self.norm(s))
+        y = (q.float() @ self.weight_q.t()) * self.scale * 0.01
+        return s + y.to(s.dtype)
+
+
+def build(module: nn.Module, dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    return module.to(dtype).eval()
+
+
+def inputs(dtype=torch.bfloat16, hidden=32, n=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 5, hidden, generator=g).to(dtype) for _ in range(n))
+
+
+# ----- captures ----------------------------------------------------------------------------
+@functools.cache
+def _capture(factory, ir: str, dtype):
+    torch.manual_seed(0)
+    model = factory().to(dtype).eval()
+    args = factory.inputs(dtype) if hasattr(factory, "inputs") else inputs(dtype)
+    if ir == "export":
+        ep = torch.export.export(model, args).run_decompositions()
+        return ep, args
+    if ir not in ("dynamo", "aot"):
+        raise ValueError(ir)
+    graphs = []
+    real = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def dynamo(gm, example_inputs):  # Dynamo hands its backend real example inputs
+        real.append(list(example_inputs))
+        if ir == "dynamo":
+            return keep(gm, example_inputs)
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=dynamo, fullgraph=True, dynamic=False)(*args)
+    torch._dynamo.reset()
+    gm = graphs[-1]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == len(real[0]), "AOT graph inputs are not Dynamo's inputs"
+    return gm, real[0]
+
+
+class Captured:
+    """A captured graph and a way to run it: ``.gm``, ``.run()``."""
+
+    def __init__(self, factory, ir: str, dtype=torch.bfloat16):
+        self.ir = ir
+        if ir == "export":
+            ep, args = _capture(factory, ir, dtype)
+            self.ep = copy.deepcopy(ep)
+            self.gm = self.ep.graph_module
+            self.args = args
+        else:
+            gm, args = _capture(factory, ir, dtype)
+            self.gm = copy.deepcopy(gm)
+            self.args = args
+
+    def run(self):
+        if self.ir == "export":
+            return self.ep.module()(*self.args)
+        self.gm.recompile()
+        out = self.gm(*self.args)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def count(gm, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target == target)
+
+
+def tolerance(dtype):
+    return {torch.bfloat16: 3e-2, torch.float16: 4e-3, torch.float32: 1e-5}[dtype]
+
+
+def assert_close(a, b, dtype):
+    tol = tolerance(dtype)
+    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def new_nodes(gm):
+    return [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]

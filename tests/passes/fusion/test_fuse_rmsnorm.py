@@ -1,0 +1,152 @@
+"""fuse_rmsnorm: every family's spelling, in every IR and dtype, fused; look-alikes left alone."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from _fusion_helpers import (
+    LOOKALIKES,
+    NORMS,
+    Block,
+    Captured,
+    GemmaRMSNorm,
+    LlamaRMSNorm,
+    assert_close,
+    count,
+    new_nodes,
+)
+
+import fxpass as fp
+from fxpass.passes.fusion.fuse_rmsnorm import RULES, fuse_rmsnorm
+from fxpass.rewrite import explain
+from fxpass.rewrite.pattern import value_of
+
+from _models import ASSERT, decoder, exported
+
+F = torch.ops.fxpass
+RMS = F.rms_norm.default
+
+
+def _block(norm, qk_norm=False):
+    return functools.partial(Block, NORMS[norm] if isinstance(norm, str) else norm, qk_norm=qk_norm)
+
+
+_FACTORIES = {name: _block(name) for name in NORMS}
+_FACTORIES["llama_qk"] = _block("llama", qk_norm=True)
+_FACTORIES["gemma_qk"] = _block("gemma", qk_norm=True)
+
+
+@pytest.mark.parametrize("family", sorted(NORMS))
+@pytest.mark.parametrize("ir", ["export", "aot", "dynamo"])
+def test_every_spelling_in_every_ir(family, ir):
+    cap = Captured(_FACTORIES[family], ir)
+    expected = cap.run()
+    assert fp.Pipeline(["fuse_rmsnorm"]).run(cap.gm).modified
+    assert count(cap.gm, RMS) == 3
+    assert_close(cap.run(), expected, torch.bfloat16)
+    cap.gm.graph.lint()
+
+
+@pytest.mark.parametrize("family", ["llama_qk", "gemma_qk"])
+@pytest.mark.parametrize("ir", ["export", "dynamo"])
+def test_per_head_qk_norms(family, ir):
+    cap = Captured(_FACTORIES[family], ir)
+    expected = cap.run()
+    fuse_rmsnorm(cap.gm)
+    assert count(cap.gm, RMS) == 4  # three hidden-size norms and one over head_dim
+    widths = sorted(value_of(n.args[1]).shape[0] for n in cap.gm.graph.nodes if n.target is RMS)
+    assert widths == [8, 32, 32, 32]
+    assert_close(cap.run(), expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("family", ["llama", "gemma", "plain"])
+def test_every_dtype(dtype, family):
+    cap = Captured(_FACTORIES[family], "export", dtype)
+    expected = cap.run()
+    fuse_rmsnorm(cap.gm)
+    assert count(cap.gm, RMS) == 3
+    assert_close(cap.run(), expected, dtype)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"norm_style": "gemma"},
+        {"norm_style": "plain"},
+        {"qk_norm": True},
+        {"eps": 1e-5},  # Phi-3
+        {"norm_style": "gemma", "qk_norm": True, "sandwich_norm": True},
+    ],
+)
+def test_decoder_norms_all_fused_with_their_eps_and_offset(config):
+    ep = exported(**config)
+    (ids,) = decoder(**config).example_inputs()
+    expected = ep.module()(ids)
+    result = fp.Pipeline(["fuse_rmsnorm"]).run(ep.graph_module)
+    layers = 2
+    norms = 2 * layers + 1 + (2 * layers if config.get("qk_norm") else 0)
+    norms += 2 * layers if config.get("sandwich_norm") else 0
+    fused = [n for n in ep.graph_module.graph.nodes if n.target is RMS]
+    assert len(fused) == norms == result.report.stats()["fuse_rmsnorm.rewrites"]
+    assert {n.args[2] for n in fused} == {config.get("eps", 1e-6)}
+    offset = 1.0 if config.get("norm_style") == "gemma" else 0.0
+    assert {n.args[3] for n in fused} == {offset}
+    if "norm_style" not in config:  # Llama's norms carry export's asserts: gone with them
+        assert count(ep.graph_module, ASSERT) < count(exported(**config).graph_module, ASSERT)
+    assert_close(ep.module()(ids), expected, torch.bfloat16)
+
+
+def test_new_nodes_carry_values_and_provenance():
+    ep = exported()
+    fuse_rmsnorm(ep.graph_module)
+    made = new_nodes(ep.graph_module)
+    assert len(made) == 5
+    for n in made:
+        assert isinstance(n.meta["val"], torch.Tensor)
+        assert "layernorm" in str(n.meta["nn_module_stack"]) or "norm" in str(
+            n.meta["nn_module_stack"]
+        )
+        assert "llama.py" in n.meta["stack_trace"]
+        prov = n.meta["fxpass_provenance"]
+        assert prov["rule"] == "rms_norm" and prov["pass"] == "fuse_rmsnorm"
+        assert "fuse_rmsnorm.py" in prov["location"] and len(prov["replaced"]) >= 7
+        assert n.meta["from_node"][0].pass_name == "fuse_rmsnorm"
+
+
+@pytest.mark.parametrize("kind", sorted(LOOKALIKES))
+@pytest.mark.parametrize("ir", ["export", "dynamo"])
+def test_lookalikes_are_left_alone(kind, ir):
+    cap = Captured(_block(LOOKALIKES[kind]), ir)
+    before = len(cap.gm.graph.nodes)
+    assert not fp.Pipeline(["fuse_rmsnorm"]).run(cap.gm).modified
+    assert count(cap.gm, RMS) == 0 and len(cap.gm.graph.nodes) == before
+
+
+def test_explain_says_why_a_lookalike_is_not_a_norm():
+    cap = Captured(_block(LOOKALIKES["other_dim"]), "export")
+    why = explain(RULES["rms_norm"], cap.gm)
+    assert not why.matches and why.candidates
+    assert "where" in str(why)  # the mean is over dimension 1: the norm check says no
+    cap = Captured(_block(LOOKALIKES["cube"]), "export")
+    assert "literal differs" in str(explain(RULES, cap.gm))
+
+
+def test_runs_only_once_per_norm():
+    cap = Captured(_FACTORIES["gemma"], "export")
+    fuse_rmsnorm(cap.gm)
+    assert not fuse_rmsnorm(cap.gm)  # its own op is not a norm to fuse again
+
+
+def test_llama_and_gemma_norm_modules_alone():
+    for norm, offset in ((LlamaRMSNorm, 0.0), (GemmaRMSNorm, 1.0)):
+        model = norm(16).to(torch.bfloat16).eval()
+        x = torch.randn(3, 16, dtype=torch.bfloat16)
+        ep = torch.export.export(model, (x,)).run_decompositions()
+        fuse_rmsnorm(ep.graph_module)
+        (node,) = [n for n in ep.graph_module.graph.nodes if n.target is RMS]
+        assert node.args[3] == offset
+        assert_close(ep.module()(x), model(x), torch.bfloat16)
