@@ -170,6 +170,10 @@ class Rewriter:
                     value, delete_user_cb=lambda u: u not in new_set, propagate_meta=False
                 )
         erased = self._erase_dead([*match.dropped, *match.nodes])
+        unused = [n for n in new if not n.users and not n.is_impure()]
+        if unused:  # e.g. a fused op's second result when the old value had no other reader
+            erased += self._erase_dead(unused)
+            new = [n for n in new if not n._erased]
         if self._order is not None:
             self._order.forget(erased)
             self._order.place(new + movers)

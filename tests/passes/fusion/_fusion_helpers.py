@@ -178,16 +178,17 @@ class QuantBlock(nn.Module):
         super().__init__()
         self.norm = norm(hidden, eps)
         self.register_buffer("scale", torch.tensor([0.02]))
-        self.weight_q = nn.Parameter(torch.randint(-8, 8, (hidden, hidden)).float(), False)
+        self.register_buffer("weight_q", torch.randint(-8, 8, (hidden, hidden), dtype=torch.int8))
         self.clamp_min = clamp_min
 
     def quant(self, y):
-        return torch.clamp(torch.round(y.float() / self.scale), self.clamp_min, 127).to(torch.int8)
+        scale = self.scale.float()  # the module may be cast to bf16: the scale stays float32
+        return torch.clamp(torch.round(y.float() / scale), self.clamp_min, 127).to(torch.int8)
 
     def forward(self, x, h):
         s = x + h
         q = self.quant(self.norm(s))
-        y = (q.float() @ self.weight_q.t()) * self.scale * 0.01
+        y = (q.float() @ self.weight_q.float().t()) * self.scale.float() * 0.01
         return s + y.to(s.dtype)
 
 
