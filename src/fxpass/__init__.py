@@ -31,6 +31,7 @@ from .partition import (
     source_partitions,
     unfuse,
 )
+from .rewrite import P, Rule, RuleSet, rewrite, rules, traced_rule
 from .targets.apply import ApplyResult, apply
 from .targets.backend import backend
 from .targets.inductor import inductor_pass
@@ -57,6 +58,7 @@ __all__ = [
     "NumericsCheck",
     "OperatorSupportBase",
     "OptionError",
+    "P",
     "Partition",
     "Pass",
     "PassContext",
@@ -66,6 +68,8 @@ __all__ = [
     "Pipeline",
     "PrintIR",
     "Report",
+    "Rule",
+    "RuleSet",
     "SpecError",
     "Statistics",
     "Timing",
@@ -87,8 +91,11 @@ __all__ = [
     "piecewise",
     "register",
     "registry",
+    "rewrite",
+    "rules",
     "source_partitions",
     "stat",
+    "traced_rule",
     "unfuse",
     "verify_numerics",
 ]

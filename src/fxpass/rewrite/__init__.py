@@ -29,23 +29,29 @@ from .match import Match, Matcher, RuleStats
 from .pattern import CAST_OPS, P, Pattern
 from .rewriter import RewriteError, Rewriter
 from .rule import DROPPABLE_USERS, Rule, RuleSet, rules
+from .traced import IRS, Replacement, TraceError, trace, traced_rule
 
 __all__ = [
     "CAST_OPS",
     "DROPPABLE_USERS",
     "Explanation",
     "GraphExplanation",
+    "IRS",
     "Match",
     "Matcher",
     "P",
     "Pattern",
+    "Replacement",
     "RewriteError",
     "RewriteResult",
     "Rewriter",
     "Rule",
     "RuleSet",
     "RuleStats",
+    "TraceError",
     "explain",
     "rewrite",
     "rules",
+    "trace",
+    "traced_rule",
 ]
