@@ -37,3 +37,23 @@ def test_default_pipeline_shrinks_an_exported_decoder_and_keeps_its_numerics(con
     assert count(out, torch.ops.aten.expand.default) == 0
     ran = [r.name for r in check.report.root.children[0].children]
     assert ran == fp.registry.pass_list("default").names()
+
+
+@pytest.mark.parametrize(
+    ("config", "fused_add", "lone_norms"),
+    [
+        ({}, 4, 1),
+        ({"norm_style": "plain"}, 4, 1),
+        ({"norm_style": "gemma", "qk_norm": True, "sandwich_norm": True}, 4, 9),
+    ],
+    ids=["llama", "plain", "gemma-qk-sandwich"],
+)
+def test_default_pipeline_fuses_every_norm_of_an_exported_decoder(config, fused_add, lone_norms):
+    """Two layers: the first input norm has no add before it; every other norm follows one."""
+    assert DEFAULT_PASSES[0] == "remove_assert_ops"  # asserts hide the norms from the fusions
+    gm = exported_gm(layers=2, **config)
+    out = fp.Pipeline.parse("default").run(gm).graph_module
+    assert count(out, torch.ops.fxpass.fused_add_rmsnorm.default) == fused_add
+    assert count(out, torch.ops.fxpass.rms_norm.default) == lone_norms
+    assert count(out, torch.ops.aten.rsqrt.default) == 0
+    assert count(out, torch.ops.aten._assert_tensor_metadata.default) == 0

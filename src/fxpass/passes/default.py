@@ -21,14 +21,16 @@ particular runtime, and an ExportedProgram must stay functional.
 from __future__ import annotations
 
 from ..core.registry import REGISTRY
+from . import cleanup, fusion  # noqa: F401  (the passes the list names register on import)
 
-# Not yet registered when this list was written: "remove_assert_ops" (first) and
-# "fuse_add_rmsnorm_quant", "fuse_add_rmsnorm", "fuse_rmsnorm" (between "erase_copy" and
-# "cse"). Add them here, in that order, when their passes land.
 DEFAULT_PASSES: list[str] = [
+    "remove_assert_ops",
     "remove_detach",
     "remove_noop",
     "erase_copy",
+    "fuse_add_rmsnorm_quant",
+    "fuse_add_rmsnorm",
+    "fuse_rmsnorm",
     "cse",
     "dce",
 ]
