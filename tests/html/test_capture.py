@@ -112,3 +112,18 @@ def test_touching_rewrites_are_separate_regions():
     assert change.hunks_total == 5
     assert sum(h.like_it for h in change.hunks) == 5  # the last one also rewires the output
     assert max(h.like_it for h in change.hunks) == 4
+
+
+def test_each_fusion_is_its_own_region_matched_by_provenance():
+    """With the rewrite engine's provenance, one fused add+norm is one picture."""
+    gm = tiny_gm()
+    rec = GraphRecorder()
+    fp.Pipeline.parse("remove_assert_ops,fuse_add_rmsnorm").run(gm, instrument=[rec])
+    change = next(c for c in rec.changes if c.name == "fuse_add_rmsnorm")
+    fused = [n for n in gm.graph.nodes if "fused_add_rmsnorm" in str(n.target)]
+    assert len(fused) >= 2 and change.hunks_total == len(fused)
+    for hunk in change.hunks:
+        (new,) = [d for _, st, _, d in hunk.after.nodes if st == "new" and "fxpass." in d["target"]]
+        removed = {name for name, st, _, _ in hunk.before.nodes if st == "removed"}
+        assert removed == set(new["provenance"]["replaced"])
+        assert new["provenance"]["pass"] == "fuse_add_rmsnorm"

@@ -70,3 +70,18 @@ def test_a_breaking_pass_that_does_not_count_its_rewrites():
 def test_rejects_modules():
     with pytest.raises(TypeError, match="GraphModule or an ExportedProgram"):
         bisect(torch.nn.Linear(2, 2), "cse")
+
+
+def test_a_wrong_rule_on_the_rewrite_engine_is_found_with_its_location():
+    """The engine asks ctx.allow() and notifies each rewrite; bisect names the rule's line."""
+    from fxpass.rewrite import P, rules
+
+    x = P.var("x")
+    wrong = rules("wrong_rsqrt", [(P(aten.rsqrt.default, x), lambda x: aten.sqrt.default(x))])
+    gm, inputs = graph_and_inputs()
+    first_rsqrt = next(n.name for n in gm.graph.nodes if n.target is aten.rsqrt.default)
+    result = bisect(gm, fp.Pipeline(["cse", wrong]), inputs)
+    rw = result.rewrite
+    assert rw.pass_path == "wrong_rsqrt" and rw.pass_index == 1
+    assert rw.old == [first_rsqrt] and rw.new and rw.new[0].startswith("sqrt")
+    assert "test_bisect.py" in rw.location
