@@ -7,10 +7,9 @@ import torch
 
 import fxpass as fp
 from fxpass.passes.default import DEFAULT_PASSES
-from fxpass.verify.numerics import sample_inputs_from_meta
 from fxpass.verify.testing import Captured, check_pass
 
-from _models import count, exported_gm
+from _models import count, decoder, exported, exported_gm, lifted_inputs
 
 
 def test_default_list_is_the_documented_order():
@@ -28,9 +27,14 @@ def test_default_list_is_the_documented_order():
     ids=["llama", "gemma-qk-sandwich"],
 )
 def test_default_pipeline_shrinks_an_exported_decoder_and_keeps_its_numerics(config):
-    gm = exported_gm(layers=2, **config)
+    # The model's own weights: random N(0, 1) ones grow activations ~8x per projection, and
+    # the fused norm's single rounding (HF's Llama spelling rounds to bf16 before the weight)
+    # then differs by more than bf16 tolerance at the logits.
+    ep = exported(layers=2, **config)
+    gm = ep.graph_module
     nodes = len(gm.graph.nodes)
-    c = Captured(gm, sample_inputs_from_meta(gm), "export")
+    inputs = [*lifted_inputs(ep), *decoder(layers=2, **config).example_inputs()]
+    c = Captured(gm, inputs, "export")
     check = check_pass("default", c, modified=True)
     out = check.graph_module
     assert len(out.graph.nodes) < nodes
