@@ -116,7 +116,9 @@ def _pass_name(default: str) -> str:
     return default
 
 
-def _rewrite_at(node: Node, rw: Rewriter, matcher: Matcher, st: MatchState) -> Any:
+def _rewrite_at(
+    node: Node, rw: Rewriter, matcher: Matcher, st: MatchState, track_inputs: bool = False
+) -> Any:
     """Try the node's rules in order; the applied match, or None."""
     stats = matcher.stats
     perf = time.perf_counter
@@ -130,7 +132,12 @@ def _rewrite_at(node: Node, rw: Rewriter, matcher: Matcher, st: MatchState) -> A
             continue
         s.matched += 1
         match = _make_match(rule, node, st)
+        if track_inputs:  # read them now: erased nodes forget their arguments
+            region = set(match.nodes)
+            inputs = {a: None for n in match.nodes for a in n.all_input_nodes if a not in region}
         if rw.apply(match, s):
+            if track_inputs:
+                match.inputs = list(inputs)
             return match
     return None
 
@@ -166,17 +173,15 @@ def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: 
         queued.discard(node)
         if node._erased:
             continue
-        match = _rewrite_at(node, rw, matcher, st)
+        match = _rewrite_at(node, rw, matcher, st, track_inputs=True)
         if match is None:
             continue
         if rw.rewrites > limit:
             raise _non_convergence(name, limit, matcher)
-        region = set(match.nodes)
-        for n in match.nodes:
-            for a in n.all_input_nodes:
-                if a not in region and not a._erased:
-                    for u in a.users:
-                        push(u)
+        for a in match.inputs:  # their users may match now that the region is gone
+            if not a._erased:
+                for u in a.users:
+                    push(u)
         for n in rw.created:
             push(n)
             for u in n.users:

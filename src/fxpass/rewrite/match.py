@@ -37,6 +37,7 @@ class Match:
     nodes: list[Node]
     outputs: list[Node]
     dropped: list[Node] = field(default_factory=list)
+    inputs: list[Node] = field(default_factory=list)  # filled in by the fixpoint driver
 
     def __getitem__(self, name: str) -> Any:
         try:

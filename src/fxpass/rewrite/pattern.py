@@ -268,10 +268,11 @@ class Pattern:
         if prev is v or (not isinstance(v, Node) and _lit_eq(prev, v)):
             return k()
         if st.explain:
-            return st.miss(
-                lambda: f"this pattern already matched {_show(prev)}; here it meets {_show(v)}",
-                v,
-            )
+            if self.name:
+                msg = f"'{self.name}' is already bound to {_show(prev)}, but here it would be {_show(v)}"
+            else:
+                msg = f"this pattern already matched {_show(prev)}; here it meets {_show(v)}"
+            return st.miss(lambda: msg, v)
         return False
 
 

@@ -1,0 +1,87 @@
+"""Explain a miss: the first failing constraint, at a node or over a graph."""
+
+from __future__ import annotations
+
+import torch
+
+from fxpass.rewrite import P, Rule, explain, rules
+
+from _models import exported_gm
+
+aten = torch.ops.aten
+x = P.var("x")
+
+
+def _norm(h, eps=None):
+    var = P(aten.mean.dim, P(aten.pow.Tensor_Scalar, h, 2), [-1], True)
+    return P(
+        aten.mul.Tensor, h, P(aten.rsqrt.default, P(aten.add.Tensor, var, eps or P.const("eps")))
+    )
+
+
+def test_wrong_op_at_the_root_and_inside():
+    gm = exported_gm()
+    rule = Rule(_norm(P.cast(x, torch.float32)), lambda x, eps: None, drop_users=())
+    embedding = next(n for n in gm.graph.nodes if n.target is aten.embedding.default)
+    e = explain(rule, embedding)
+    assert not e and "wrong op at the root" in str(e) and "aten.mul.Tensor" in str(e)
+    rope = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor and "slice" in str(n.args))
+    reason = explain(rule, rope).reason  # a RoPE product: neither operand is the norm's
+    assert reason.startswith("wrong op: expected") and "aten.permute.default" in reason
+
+
+def test_extra_user_names_the_user():
+    gm = exported_gm()  # export's asserts hang off the norm
+    rule = Rule(
+        P.cast(_norm(P.cast(x, torch.float32)), torch.bfloat16), lambda x, eps: None, drop_users=()
+    )
+    why = explain(rule, gm)
+    assert not why.matches
+    assert "extra user" in str(why.closest) and "_assert_tensor_metadata" in str(why.closest)
+    assert why.reasons["extra user"] >= 1
+
+
+def test_literal_dtype_and_binding_reasons():
+    gm = exported_gm(remove_asserts=True)
+    eps = Rule(_norm(P.cast(x, torch.float32), eps=1e-3), lambda x: None)
+    assert "literal differs" in str(explain(eps, gm))
+    dtype = Rule(
+        _norm(P.cast(P.node("x", dtype=torch.float16), torch.float32)), lambda x, eps: None
+    )
+    assert "dtype of" in str(explain(dtype, gm))
+    where = Rule(_norm(P.cast(x, torch.float32)), lambda x, eps: None, where=lambda eps: eps > 1)
+    assert "where(...) returned False" in str(explain(where, gm))
+
+
+def test_matches_are_reported_with_their_nodes():
+    gm = exported_gm(remove_asserts=True)
+    rule = Rule(_norm(P.cast(x, torch.float32)), lambda x, eps: None)
+    why = explain(rule, gm)
+    assert len(why.matches) == 5 and bool(why)
+    assert "matches at 5 of" in str(why)
+    assert explain(rule, why.matches[0]).matched
+
+
+def test_a_rule_set_explains_each_rule():
+    gm = exported_gm(remove_asserts=True)
+    rs = rules(
+        "two", [(P(aten.relu.default, x), lambda x: x), (P(aten.sigmoid.default, x), lambda x: x)]
+    )
+    out = explain(rs, gm)
+    assert len(out) == 2
+    assert "no node calls its root op (aten.relu.default)" in str(out[0])
+    assert out[1].matches  # SwiGLU's silu is sigmoid * x in core ATen
+    assert not rs.explain(gm, rs.rules[0].name).matches
+
+
+def test_cycle_reason():
+    def f(a):
+        s = torch.add(a, 1)
+        t = torch.sigmoid(s)  # leaves the would-be region
+        return torch.mul(s, torch.add(t, 2))  # and comes back into it
+
+    gm = torch.fx.symbolic_trace(f)
+    s = P(torch.add, x, 1).named("s")
+    rule = Rule(P(torch.mul, s, P(torch.add, P.var("t"), 2)), lambda x, t: (x, x), outputs=["s"])
+    why = explain(rule, gm)
+    assert not why.matches and "cycle" in str(why)

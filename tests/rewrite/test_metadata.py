@@ -1,0 +1,105 @@
+"""Metadata on every new node: fake values, source locations, torch's from_node, provenance."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from fxpass.rewrite import P, Rule, rewrite
+from fxpass.rewrite.metadata import COPIED_META
+
+from _models import exported
+
+aten = torch.ops.aten
+x = P.var("x")
+
+
+def _new(gm):
+    return [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+
+
+def test_every_new_node_has_value_location_and_provenance():
+    ep = exported()
+    rule = Rule(
+        P(aten.rsqrt.default, x),
+        lambda x: torch.ops.aten.div.Tensor(1.0, torch.ops.aten.sqrt.default(x)),
+        name="rsqrt_to_div",
+    )
+    assert rewrite(ep.graph_module, [rule], pass_name="mypass").rewrites == 5
+    made = _new(ep.graph_module)
+    assert len(made) == 10
+    for n in made:
+        val = n.meta["val"]
+        assert isinstance(val, torch.Tensor) and val.dtype == torch.float32
+        assert tuple(val.shape) == (1, 8, 1)
+        for key in ("stack_trace", "nn_module_stack"):
+            assert key in n.meta and key in COPIED_META
+        prov = n.meta["fxpass_provenance"]
+        assert prov["rule"] == "rsqrt_to_div" and prov["pass"] == "mypass"
+        assert prov["replaced"][0].startswith("rsqrt") and prov["location"].endswith(
+            f"test_metadata.py:{test_every_new_node_has_value_location_and_provenance.__code__.co_firstlineno + 2}"
+        )
+        (src,) = n.meta["from_node"]
+        assert src.name.startswith("rsqrt") and src.pass_name == "mypass"
+        assert src.action[0].name == "REPLACE" and src.from_node  # export's own history kept
+    ep.graph_module.recompile()
+    ep.module()(torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_values_follow_shapes_not_a_stale_cache():
+    def f(a, b):
+        return torch.relu(a), torch.relu(b)
+
+    args = (torch.randn(2, 3), torch.randn(5, 7))
+    gm = torch.export.export(_Fn(f), args).run_decompositions().graph_module
+    rewrite(gm, [Rule(P(aten.relu.default, x), lambda x: torch.ops.aten.clamp_min.default(x, 0.0))])
+    shapes = sorted(tuple(n.meta["val"].shape) for n in _new(gm))
+    assert shapes == [(2, 3), (5, 7)]
+
+
+def test_outputs_and_their_values():
+    ep = exported()
+    s = P(aten.add.Tensor, P.node("a"), P.node("b")).named("s")
+    rule = Rule(
+        P(aten._to_copy.default, s, dtype=torch.float32),
+        lambda a, b: (operator.add(a, b).float(), operator.add(a, b)),
+        outputs=["s"],
+    )
+    gm = ep.graph_module
+    sites = [
+        n
+        for n in gm.graph.nodes
+        if n.target is aten._to_copy.default
+        and n.kwargs == {"dtype": torch.float32}
+        and getattr(n.args[0], "target", None) is aten.add.Tensor
+    ]
+    assert rewrite(gm, [rule], once=True).rewrites == len(sites) > 0
+    made = _new(gm)
+    assert made and all("val" in n.meta for n in made)
+    casts = [n for n in made if n.op == "call_method"]
+    assert {n.meta["val"].dtype for n in casts} == {torch.float32}
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def test_dynamo_graphs_get_example_values():
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(
+        lambda a: torch.relu(a) * 2,
+        backend=lambda gm, ex: (graphs.append(gm), gm.forward)[1],
+        fullgraph=True,
+    )(torch.randn(3))
+    torch._dynamo.reset()
+    gm = graphs[0]
+    rewrite(gm, [Rule(P(torch.relu, x), lambda x: torch.clamp(x, min=0))])
+    (n,) = _new(gm)
+    assert n.meta["example_value"].shape == (3,) and n.meta["val"] is n.meta["example_value"]

@@ -1,0 +1,96 @@
+"""The rewriter: nothing half-done when a replacement fails, values moved behind inner
+outputs, cycles refused, provenance and values on every new node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxpass.rewrite import P, RewriteError, Rule, rewrite
+from fxpass.rewrite.order import TopoOrder, find_cycle
+
+from _models import exported
+
+aten = torch.ops.aten
+x = P.var("x")
+
+
+def test_a_failing_replacement_leaves_the_graph_as_it_was():
+    ep = exported()
+    before = ep.graph_module.code
+
+    def boom(x):
+        torch.ops.aten.neg.default(x)  # adds a node, then fails
+        raise ValueError("no")
+
+    with pytest.raises(RewriteError, match="the replacement raised ValueError: no") as info:
+        rewrite(ep.graph_module, [Rule(P(aten.rsqrt.default, x), boom)])
+    assert "test_rewriter.py" in str(info.value)
+    ep.graph_module.recompile()
+    assert ep.graph_module.code == before
+
+
+def test_bad_return_values_are_errors():
+    gm = torch.fx.symbolic_trace(lambda a: torch.relu(a) * 2)
+    with pytest.raises(RewriteError, match="must return graph values"):
+        rewrite(gm, [Rule(P(torch.relu, x), lambda x: 3.0)])
+    with pytest.raises(RewriteError, match="returned 2 value"):
+        rewrite(gm, [Rule(P(torch.relu, x), lambda x: (x, x))])
+
+
+def test_inner_output_read_before_the_root_moves_behind_the_replacement():
+    def f(a, b):
+        s = torch.add(a, b)
+        early = torch.sigmoid(s)  # reads the inner output before the root
+        r = torch.mul(torch.relu(s), 3)
+        return r, early
+
+    gm = torch.fx.symbolic_trace(f)
+    s = P(torch.add, x, P.var("y")).named("s")
+    rule = Rule(
+        P(torch.mul, P(torch.relu, s), 3),
+        lambda x, y: (torch.relu(torch.add(x, y)) * 3.0, torch.add(y, x)),
+        outputs=["s"],
+    )
+    assert rewrite(gm, [rule]).rewrites == 1
+    gm.graph.lint()  # topologically valid: sigmoid now follows the new add
+    gm.recompile()
+    a, b = torch.randn(4), torch.randn(4)
+    for got, want in zip(gm(a, b), f(a, b)):
+        torch.testing.assert_close(got, want)
+
+
+def test_cycle_check_looks_only_inside_the_region_window():
+    def f(a):
+        s = torch.add(a, 1)
+        t = torch.sigmoid(s)
+        u = torch.mul(s, torch.add(t, 2))
+        for _ in range(50):  # a long tail after the region
+            u = torch.relu(u)
+        return u
+
+    gm = torch.fx.symbolic_trace(f)
+    order = TopoOrder(gm.graph)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    bad = {nodes["add"], nodes["mul"], nodes["add_1"]}
+    visited = []
+
+    class Counting(dict):
+        def __getitem__(self, n):
+            visited.append(n)
+            return super().__getitem__(n)
+
+    assert find_cycle(order, bad) is nodes["sigmoid"]
+    good = {nodes["add_1"], nodes["mul"]}
+    assert find_cycle(order, good) is None
+    order.pos = Counting({n: float(i) for i, n in enumerate(gm.graph.nodes)})
+    find_cycle(order, good)
+    assert len(visited) < 10  # the relu tail is never looked at
+
+
+def test_rewriting_keeps_graph_order_positions():
+    gm = torch.fx.symbolic_trace(lambda a: torch.neg(torch.neg(torch.relu(a))))
+    rewrite(gm, [Rule(P(torch.neg, P(torch.neg, x)), lambda x: torch.sigmoid(x))])
+    order = TopoOrder(gm.graph)
+    keys = [order[n] for n in gm.graph.nodes]
+    assert keys == sorted(keys)
