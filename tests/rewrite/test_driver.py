@@ -3,6 +3,7 @@ counter and instrumentation, statistics in the report, and fuzzed graphs keep th
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _rewrite_helpers import count, exported_arith, run
 from hypothesis import HealthCheck, given, settings
@@ -129,10 +130,8 @@ def test_rewrite_inside_a_pass_function_is_atomic_per_pass():
         raise RuntimeError("after one rewrite")
 
     before = ep.graph_module.code
-    try:
+    with pytest.raises(fp.PassFailedError, match="after one rewrite"):
         fp.Pipeline([broken]).run(ep.graph_module)
-    except fp.PassFailedError:
-        pass
     assert ep.graph_module.code == before
     torch.testing.assert_close(run(ep, args), expected)
 

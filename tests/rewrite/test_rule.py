@@ -3,6 +3,8 @@ decline or return several outputs, and clear errors for rules that cannot work."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from _rewrite_helpers import count, exported_arith, run
@@ -41,7 +43,7 @@ def test_a_rule_set_is_a_pass_and_composes_with_plus():
 
 def test_rule_names_and_locations():
     r, r2 = IDENTITIES.rules
-    source = open(__file__).read().splitlines()
+    source = Path(__file__).read_text().splitlines()
     line = int(r.location.rsplit(":", 1)[1])
     assert "aten.mul.Tensor, x, 1" in source[line - 1]  # the line the rule is written on
     assert r.name == f"test_rule.py:{line}" and r2.name == f"test_rule.py:{line + 1}"
