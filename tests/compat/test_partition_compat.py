@@ -189,3 +189,22 @@ def test_random_dags_equal_torch_or_fix_its_cycles(gm, single, horizontal):
     assert find_cycle(ours) is None
     if find_cycle(theirs) is None:
         assert exact(ours) == exact(theirs)
+
+
+def test_torchs_operator_support_on_inputs_and_output_does_not_break_fusing():
+    """torch's OperatorSupport says placeholders and the output are supported, so partitions
+    hold them; torch then fuses a graph's inputs and return away. Ours fuses what computes."""
+    from torch.fx.passes.operator_support import OperatorSupport
+
+    from fxpass.compat.fx import CapabilityBasedPartitioner
+
+    gm = torch.fx.symbolic_trace(lambda x, y: ((x * y).relu() + 1, x * y))
+    support = OperatorSupport({"_operator.mul": None, "_operator.add": None})
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    assert any(n.op == "output" for p in partitions for n in p.nodes)  # as torch proposes
+    x, y = torch.randn(3), torch.randn(3)
+    expected = gm(x, y)
+    fused = partitioner.fuse_partitions(partitions)
+    torch.testing.assert_close(fused(x, y), expected)
+    assert [n.op for n in fused.graph.nodes if n.op == "placeholder"] == ["placeholder"] * 2

@@ -140,10 +140,20 @@ def fuse_by_partitions(
     prefix: str = "fused_",
     always_return_tuple: bool = False,
 ) -> fx.GraphModule:
-    """torch's ``fuse_by_partitions``: partition ``i`` becomes submodule ``{prefix}{i}``."""
+    """torch's ``fuse_by_partitions``: partition ``i`` becomes submodule ``{prefix}{i}``.
+
+    torch's ``OperatorSupport`` reports placeholders and the output as supported, so its
+    partitions can hold them, and torch then fuses a graph's inputs or its return into a
+    submodule, leaving a module that takes no inputs or returns nothing. Here such nodes stay
+    where they are and only the nodes that compute are fused.
+    """
+    computing = [
+        {n: v for n, v in nodes.items() if n.op not in ("placeholder", "output")}
+        for nodes in partitions
+    ]
     return fuse_partitions(
         gm,
-        partitions,
+        [nodes for nodes in computing if nodes],
         prefix=prefix,
         input_order="first_use",
         always_return_tuple=always_return_tuple,

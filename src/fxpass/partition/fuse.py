@@ -132,9 +132,10 @@ def _check(gm: fx.GraphModule, groups: list[list[fx.Node]]) -> None:
                     f"partition {i}: node {node.name} is not in this graph module's graph"
                 )
             if node.op in ("placeholder", "output"):
+                what = "a graph input" if node.op == "placeholder" else "the graph's output"
                 raise ValueError(
-                    f"partition {i}: node {node.name} is a {node.op}; only nodes that compute "
-                    "something can be fused"
+                    f"partition {i}: node {node.name} is {what}; only nodes that compute "
+                    "something can be fused (drop it from the partition)"
                 )
     cycle = find_cycle(groups)
     if cycle is not None:
