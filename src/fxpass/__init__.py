@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from . import passes, registry  # noqa: F401  (importing passes registers the library)
-from . import ops  # noqa: F401  (registers the fused ops under torch.ops.fxpass)
+from . import (  # noqa: F401  (importing passes registers the library)
+    ops,
+    passes,
+    registry,
+)
 from .core.context import ChangeEvent, DebugCounter, PassContext, current_context, stat
 from .core.contract import FunctionPass, Pass, PassResult, as_pass
 from .core.errors import (
