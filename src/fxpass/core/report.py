@@ -155,7 +155,7 @@ class Report:
                 f"{rec.seconds * 1e3:.2f}",
                 f"{100 * rec.seconds / total:.1f}",
                 f"{delta:+d}" if delta else "",
-                ", ".join(f"{k}={_fmt(v)}" for k, v in rec.stats.items()),
+                ", ".join(f"{k}={_fmt(v)}" for k, v in _headline(rec.stats).items()),
             )
         table.caption = (
             f"{self.root.seconds * 1e3:.1f} ms, "
@@ -177,6 +177,13 @@ class Report:
         buf = io.StringIO()
         Console(file=buf, width=120, color_system=None, force_terminal=False).print(self)
         return buf.getvalue().rstrip()
+
+
+def _headline(stats: dict[str, float]) -> dict[str, float]:
+    """The statistics a table shows: per-rule details (``rule.tried``...) only when a pass
+    has nothing else to show; :meth:`Report.to_dict` and ``Statistics`` keep them all."""
+    top = {k: v for k, v in stats.items() if "." not in k}
+    return top or stats
 
 
 def _fmt(value: float) -> str:
