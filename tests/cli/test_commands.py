@@ -92,7 +92,7 @@ def test_demo(tmp_path: Path):
     assert r.code == 0, r.err
     assert "fxpass demo: tiny Llama decoder (1 layers), default pipeline" in r.out
     assert "pipeline: default" in r.out  # the per-pass table
-    assert "numerics against the original: 1 outputs match" in r.out
+    assert "numerics against the original: 1 output matches" in r.out
     assert "wrote report.html" in r.out
     page = (tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "Passes" in page and "Numerics" in page

@@ -139,7 +139,7 @@ def test_fxgraph_target_round_trip(work: Path):
 
     r = fxpass("run", "tiny.fxgraph", "-p", "cse", "--verify", "-o", "g2.fxgraph", cwd=work)
     assert r.code == 0, r.err
-    assert "numerics at the end: 1 outputs match" in r.out
+    assert "numerics at the end: 1 output matches" in r.out
     gm, _ = load_graph(work / "tiny.fxgraph")
     gm2, inputs = load_graph(work / "g2.fxgraph")
     assert len(gm2.graph.nodes) < len(gm.graph.nodes) and inputs is not None

@@ -151,7 +151,8 @@ class Comparison:
     def summary(self) -> str:
         if self.ok:
             return (
-                f"{self.outputs} outputs match (max abs error {_num(self.max_abs_error)}, "
+                f"{self.outputs} output{'s match' if self.outputs != 1 else ' matches'} "
+                f"(max abs error {_num(self.max_abs_error)}, "
                 f"max rel error {_num(self.max_rel_error)})"
             )
         more = f" ({len(self.failures)} outputs differ)" if len(self.failures) > 1 else ""
