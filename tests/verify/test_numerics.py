@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import math
 
 import planted_passes
@@ -19,6 +20,8 @@ from fxpass.verify import (
     verify_numerics,
 )
 from fxpass.verify.numerics import run_graph
+
+import _models
 
 aten = torch.ops.aten
 
@@ -140,3 +143,40 @@ def test_an_input_graph_that_does_not_run_cannot_be_verified():
     _unrunnable(gm)
     with pytest.raises(fp.FxpassError, match="cannot verify numerics: the input graph does not"):
         fp.Pipeline(["cse"]).run(gm, inputs, instrument=[NumericsCheck(inputs)])
+
+
+def test_low_precision_rounding_is_told_from_wrong_results_by_a_float32_run():
+    """Two bf16 results as far from the truth as each other pass even beyond tolerance; a
+    result much further from it fails."""
+    gen = torch.Generator().manual_seed(0)
+    truth = torch.randn(4096, generator=gen) * 4
+    expected = (truth + 0.05 * torch.randn(4096, generator=gen)).bfloat16()
+    rounded = (truth + 0.05 * torch.randn(4096, generator=gen)).bfloat16()
+    wrong = (truth * 1.1).bfloat16()
+
+    assert not compare_outputs(expected, rounded)  # out of tolerance element by element ...
+    ok = compare_outputs(expected, rounded, truth=truth)
+    assert ok and len(ok.rounding) == 1 and ok.rounding[0].within_rounding  # ... but as accurate
+    assert "no less accurate than the original" in ok.summary()
+    assert not compare_outputs(expected, wrong, truth=truth)
+    assert not compare_outputs(expected.float(), rounded.float(), truth=truth)  # fp32: no pass
+
+
+def test_a_deep_bf16_model_fused_differently_is_accepted_and_a_bug_is_not():
+    from fxpass.verify.numerics import run_graph_promoted
+
+    ep = _models.exported(layers=4)
+    inputs = [*_models.lifted_inputs(ep), *_models.decoder(layers=4).example_inputs()]
+    original = ep.graph_module
+    truth = run_graph_promoted(original, inputs)
+    assert truth is not None and truth[0].dtype == torch.float32
+    reference = run_graph(original, inputs)
+    fused = fp.Pipeline.parse("default").run(copy.deepcopy(original)).graph_module
+    assert fp.verify_numerics(original, fused, inputs)  # with the float32 yardstick built in
+    assert compare_outputs(reference, run_graph(fused, inputs), truth=truth)
+
+    broken = copy.deepcopy(fused)
+    for node in broken.graph.nodes:
+        if node.target is torch.ops.fxpass.fused_add_rmsnorm.default:
+            node.args = (*node.args[:3], 1.0)  # eps 1e-6 -> 1.0: a wrong rewrite
+    assert not compare_outputs(reference, run_graph(broken, inputs), truth=truth)

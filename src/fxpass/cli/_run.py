@@ -64,6 +64,20 @@ def evaluate(program: Any, target: Target) -> list[Any]:
     return run_graph(program, user_inputs(target))
 
 
+def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
+    """``program``'s outputs computed in float32 where it uses bf16/fp16 (or None): the
+    yardstick that tells rounding from wrong rewrites (see ``compare_outputs``)."""
+    import torch
+
+    from ..verify.numerics import run_graph_promoted
+
+    if isinstance(program, torch.export.ExportedProgram):
+        if target.kwargs:
+            return None
+        program = program.module()
+    return run_graph_promoted(program, user_inputs(target))
+
+
 @dataclass
 class Outcome:
     program: Any

@@ -23,7 +23,7 @@ from ._common import (
     stdout,
     write_atomic,
 )
-from ._run import apply_pipeline, evaluate, graph_inputs, parse_pipeline
+from ._run import apply_pipeline, evaluate, evaluate_promoted, graph_inputs, parse_pipeline
 from ._targets import Target, load_target
 
 _TOL = [
@@ -200,6 +200,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
         check = NumericsCheck(graph_inputs(t), rtol=rtol, atol=atol, names=names)
         instruments.append(check)
         reference = evaluate(t.program, t)
+        truth = evaluate_promoted(t.program, t)
     recorder = _html_recorder(html, t, spec, check)
     if recorder is not None:
         instruments.append(recorder)
@@ -219,7 +220,9 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     if verify:
         from ..verify.numerics import compare_outputs
 
-        final = compare_outputs(reference, evaluate(result.program, t), rtol=rtol, atol=atol)
+        final = compare_outputs(
+            reference, evaluate(result.program, t), rtol=rtol, atol=atol, truth=truth
+        )
         if recorder is not None:
             recorder.write(final_numerics=final)
     diverged = final is not None and (not final.ok or not check.ok)

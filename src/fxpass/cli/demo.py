@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..core.instrument import Instrumentation
 from ._common import NUMERICS, CliError, check_writable, emit_json, stderr, stdout
-from ._run import Outcome, apply_pipeline, evaluate, graph_inputs
+from ._run import Outcome, apply_pipeline, evaluate, evaluate_promoted, graph_inputs
 from ._targets import Target
 
 
@@ -80,13 +80,14 @@ def demo(layers: int, html: str, no_report: bool, as_json: bool) -> None:
         t = _export(layers, progress)
         pipeline = REGISTRY.create("default")
         reference = evaluate(t.program, t)
+        truth = evaluate_promoted(t.program, t)
         check = NumericsCheck(graph_inputs(t), names=output_names(t.program))
         recorder = HtmlReport(html_path or "report.html", title="fxpass demo: tiny Llama decoder",
                               numerics=check, info={"model": t.text, "pipeline": "default"})  # fmt: skip
         if html_path is None:
             recorder.write = lambda final_numerics=None: None  # record, write nothing
         result = apply_pipeline(t, pipeline, [check, recorder, _ProgressDisplay(progress)])
-    final = compare_outputs(reference, evaluate(result.program, t))
+    final = compare_outputs(reference, evaluate(result.program, t), truth=truth)
     if html_path is not None:
         recorder.write(final_numerics=final)
     block = _fused_block(recorder.changes)

@@ -39,6 +39,7 @@ from .numerics import (
     output_names,
     program_inputs,
     run_graph,
+    run_graph_promoted,
     sample_inputs_from_meta,
 )
 
@@ -182,6 +183,7 @@ class _Subject:
             )
         try:
             self.reference = run_graph(self.gm, self.inputs)
+            self.truth = run_graph_promoted(self.gm, self.inputs)
         except Exception as e:
             first = (str(e).strip().splitlines() or [""])[0][:200]
             raise FxpassError(
@@ -194,7 +196,15 @@ class _Subject:
         return pipeline.run(gm, self.inputs, **kw).graph_module
 
     def compare(self, gm: fx.GraphModule, rtol, atol) -> Comparison:
-        return check_graph(self.reference, gm, self.inputs, rtol=rtol, atol=atol, names=self.names)
+        return check_graph(
+            self.reference,
+            gm,
+            self.inputs,
+            rtol=rtol,
+            atol=atol,
+            names=self.names,
+            truth=self.truth,
+        )
 
 
 def _pipeline(spec: Any) -> Any:

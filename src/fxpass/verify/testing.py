@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .numerics import Comparison, compare_outputs, program_inputs, run_graph
+from .numerics import Comparison, compare_outputs, program_inputs, run_graph, run_graph_promoted
 
 __all__ = [
     "CAPTURES",
@@ -210,6 +210,7 @@ def check_pass(
     problems = _expect(gm, before or {}, "before")
     counts_before = op_counts(gm)
     reference = run_graph(gm, captured.inputs) if numerics else None
+    truth = run_graph_promoted(gm, captured.inputs) if numerics else None
     pipe = Pipeline.parse(pass_) if isinstance(pass_, str) else Pipeline([pass_])
     result = pipe.run(gm, captured.inputs)
     out = result.graph_module
@@ -222,7 +223,7 @@ def check_pass(
         problems.append(f"expected modified={modified}, the pass reported {result.modified}")
     if reference is not None:
         check.comparison = compare_outputs(
-            reference, run_graph(out, captured.inputs), rtol=rtol, atol=atol
+            reference, run_graph(out, captured.inputs), rtol=rtol, atol=atol, truth=truth
         )
         if not check.comparison.ok:
             problems.append(f"numerics differ after the pass: {check.comparison.summary()}")
