@@ -35,6 +35,7 @@ class MatchState:
         "name_match",
         "nodes",
         "order",
+        "plain",
         "roots",
         "used",
         "why",
@@ -63,6 +64,8 @@ class MatchState:
         self.name_match = name_match
         self.explain = explain
         self.order = order
+        # the default mode, where a rule's compiled matcher may stand in for the interpreter
+        self.plain = not (explain or injective or exact_literals or ignore_literals or name_match)
         self.why: str | None = None
         self.why_depth = -1
         self.why_node: Node | None = None

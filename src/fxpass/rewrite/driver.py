@@ -144,7 +144,14 @@ def _rewrite_at(
 
 def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
     wanted = matcher.wanted()
-    for node in list(rw.graph.nodes):
+    graph = rw.graph
+    candidates = _candidates(graph, matcher) if wanted is not None else None
+    if candidates is not None:  # the graph's op index hands us the nodes, in graph order
+        for node in candidates:
+            if not node._erased:
+                _rewrite_at(node, rw, matcher, st)
+        return
+    for node in list(graph.nodes):
         if wanted is not None:  # skip nodes no rule can be rooted at, without a call
             op = node.op
             if op == "call_function":
@@ -157,6 +164,31 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
                 continue
         if not node._erased:
             _rewrite_at(node, rw, matcher, st)
+
+
+def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
+    """The nodes some rule is rooted at, in graph order, from torch's op lookup table."""
+    if not hasattr(graph, "find_nodes") or not hasattr(Node, "_sort_key"):
+        return None
+    found: list[Node] = []
+    methods = set()
+    for key in matcher._by_key:
+        if isinstance(key, tuple):
+            if key[0] != "method":
+                return None
+            methods.add(key[1])
+        else:
+            found.extend(
+                graph.find_nodes(op="call_function", target=matcher._targets[key], sort=False)
+            )
+    if methods:
+        found.extend(n for n in graph.find_nodes(op="call_method") if n.target in methods)
+    found.sort(key=_sort_key)
+    return found
+
+
+def _sort_key(n: Node) -> Any:
+    return n._sort_key
 
 
 def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: str) -> None:

@@ -80,9 +80,10 @@ def find_cycle(order: TopoOrder, region: set[Node], hi=None) -> Node | None:
 
     ``hi`` is the position of the region's last node (computed when not given).
     """
+    pos = order.__getitem__ if order.pos is not None else _sort_key
     if hi is None:
-        hi = max(order[n] for n in region)
-    stack = [u for n in region for u in n.users if u not in region and order[u] < hi]
+        hi = max(pos(n) for n in region)
+    stack = [u for n in region for u in n.users if u not in region and pos(u) < hi]
     seen: set[Node] = set()
     while stack:
         u = stack.pop()
@@ -92,9 +93,13 @@ def find_cycle(order: TopoOrder, region: set[Node], hi=None) -> Node | None:
         for w in u.users:
             if w in region:
                 return u
-            if w not in seen and order[w] < hi:
+            if w not in seen and pos(w) < hi:
                 stack.append(w)
     return None
+
+
+def _sort_key(n: Node):
+    return n._sort_key
 
 
 def users_before(order: TopoOrder, sources: Iterable[Node], region: set[Node], limit):
@@ -103,7 +108,8 @@ def users_before(order: TopoOrder, sources: Iterable[Node], region: set[Node], l
     These must move behind the replacement when it is inserted at ``limit`` (multi-output
     rewrites whose inner output is read before the region's last node). Sorted by position.
     """
-    stack = [u for s in sources for u in s.users if u not in region and order[u] < limit]
+    pos = order.__getitem__ if order.pos is not None else _sort_key
+    stack = [u for s in sources for u in s.users if u not in region and pos(u) < limit]
     if not stack:
         return []
     seen: set[Node] = set()

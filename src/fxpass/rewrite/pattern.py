@@ -532,6 +532,7 @@ class _Resolved:
     """
 
     __slots__ = (
+        "child_slot",
         "free",
         "getter",
         "kw_names",
@@ -557,6 +558,7 @@ class _Resolved:
         self.swap: tuple[int, int] | None = None  # slots of positional 0 and 1
         self.ok = True
         self.getter: Callable[[tuple, dict], list] = lambda a, kw: []
+        self.child_slot: list[int] = []  # for each pattern argument, its slot
 
     def finish(self) -> None:
         slots = self.slots
@@ -896,6 +898,11 @@ class P(Pattern):
             r.free = self.free_rest
         if r.ok:
             r.finish()
+            used: set[int] = set()
+            for child in self.children():
+                i = next(i for i, sl in enumerate(r.slots) if sl[3] is child and i not in used)
+                used.add(i)
+                r.child_slot.append(i)
         self._cache[key] = r
         self._keep.append(target)  # keeps the id valid while cached
         return r

@@ -10,6 +10,7 @@ leaves the graph as it was: no rewrite is ever half-applied.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,6 +48,10 @@ class _Tracer(GraphAppendingTracer):
 
 class _Proxy(Proxy):
     """torch's Proxy with a leaner ``__torch_function__`` (no pytree walks per call)."""
+
+    def __getitem__(self, key: Any) -> _Proxy:
+        node = new_node(self.tracer.graph, "call_function", operator.getitem, (self.node, key), {})
+        return _Proxy(node, self.tracer)
 
     @classmethod
     def __torch_function__(cls, orig, types, args=(), kwargs=None):
@@ -317,7 +322,8 @@ def _fast_eraser(graph: fx.Graph) -> Any:
         n._remove_from_list()
         setter(n, "_erased", True)
         graph._len -= 1
-        n._update_args_kwargs(map_arg(n._args, _none), map_arg(n._kwargs, _none))
+        kwargs = n._kwargs
+        n._update_args_kwargs(map_arg(n._args, _none), map_arg(kwargs, _none) if kwargs else {})
 
     return erase
 

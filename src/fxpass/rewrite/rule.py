@@ -145,6 +145,7 @@ class Rule:
             _parameters(where, f"rule '{self.name}': where", bound) if where else ((), False)
         )
         self._links = [_link(roots[:j], roots[j], self.name) for j in range(1, len(roots))]
+        self._compiled: Any = _UNCOMPILED  # see fxpass.rewrite.compile
 
     # ----- introspection ----------------------------------------------------------------
     @property
@@ -167,6 +168,14 @@ class Rule:
     def _try(self, node: Node, st: MatchState) -> bool:
         st.reset()
         st.roots = [node]
+        if st.plain:
+            compiled = self._compiled
+            if compiled is _UNCOMPILED:
+                from .compile import compile_rule
+
+                compiled = self._compiled = compile_rule(self)
+            if compiled is not None:
+                return compiled.fn(node, st, self._final)
         return self.roots[0]._m(node, st, self._cont(1, st))
 
     def _cont(self, j: int, st: MatchState) -> Callable[[], bool]:
@@ -250,7 +259,7 @@ class Rule:
             order = st.order() if callable(st.order) else st.order
             if order is not None:
                 # every matched node feeds a root, so the last root is the region's end
-                hi = max(order[r] for r in roots)
+                hi = max(order[r] for r in roots) if len(roots) > 1 else order[roots[0]]
                 via = find_cycle(order, set(matched), hi)
                 if via is not None:
                     if st.explain:
@@ -275,6 +284,7 @@ class Rule:
         return _call_with(rep, self._params, self._takes_all, bindings, match)
 
 
+_UNCOMPILED = object()
 _OUTS = -1  # memo slots for the final step's results (ids of objects are never negative)
 _DROPPED = -2
 
