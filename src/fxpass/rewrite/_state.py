@@ -80,9 +80,12 @@ class MatchState:
         if self.used:
             self.used.clear()
 
-    def miss(self, reason: Callable[[], str], node: Any = None) -> bool:
-        """Record why matching failed here (explain mode keeps the deepest failure); False."""
-        depth = len(self.nodes)
+    def miss(self, reason: Callable[[], str], node: Any = None, *, whole: bool = False) -> bool:
+        """Record why matching failed here (explain mode keeps the deepest failure); False.
+
+        ``whole``: the pattern's structure matched and a check on the whole match failed;
+        such a failure explains more than any partial one."""
+        depth = len(self.nodes) + (100_000 if whole else 0)
         if depth > self.why_depth:
             self.why_depth = depth
             self.why = reason()

@@ -218,7 +218,7 @@ class Rule:
             if o not in matched:
                 if st.explain:
                     msg = f"output {_show(o)} is not a node of the match"
-                    return st.miss(lambda msg=msg: msg, o)
+                    return st.miss(lambda msg=msg: msg, o, whole=True)
                 return False
         if self.where is not None:
             names, takes_all = self._where_params
@@ -227,11 +227,11 @@ class Rule:
             except Exception as e:
                 if st.explain:
                     msg = f"the rule's where raised {type(e).__name__}: {e}"
-                    return st.miss(lambda: msg)
+                    return st.miss(lambda: msg, whole=True)
                 return False
             if not ok:
                 if st.explain:
-                    return st.miss(lambda: "the rule's where(...) returned False")
+                    return st.miss(lambda: "the rule's where(...) returned False", whole=True)
                 return False
         dropped: list[Node] = []
         if self.contained:
@@ -253,6 +253,7 @@ class Rule:
                                 f"%{u.name}, outside the match (only the rule's outputs may be)"
                             ),
                             n,
+                            whole=True,
                         )
                     return False
         if len(outs) > 1 or not self.contained:
@@ -269,6 +270,7 @@ class Rule:
                                 f"comes back through %{via.name}"
                             ),
                             via,
+                            whole=True,
                         )
                     return False
         st.memo[_OUTS] = outs
