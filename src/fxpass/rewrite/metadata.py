@@ -159,7 +159,7 @@ class MetaPropagator:
                     n.meta["example_value"] = val
 
     def _value(self, n: Node, donors: Mapping[Node, Node]) -> Any:
-        args = n.args
+        args = n._args
         if n.target is operator.getitem and args and isinstance(args[0], Node):
             src = _val(args[0])
             if isinstance(src, (tuple, list)):
@@ -169,7 +169,8 @@ class MetaPropagator:
                     return _NO
         try:
             target = n.target
-            key = (n.op, id(target), _args_key(args), _arg_spec(n.kwargs) if n.kwargs else ())
+            kwargs = n._kwargs
+            key = (n.op, id(target), _args_key(args), _arg_spec(kwargs) if kwargs else ())
             hash(key)
         except TypeError:
             key = None

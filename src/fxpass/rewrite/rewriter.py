@@ -83,6 +83,9 @@ def _unwrap(a: Any) -> Any:
     return a.node if isinstance(a, Proxy) else a
 
 
+_NAMES: dict[int, tuple[Any, str]] = {}
+
+
 def new_node(
     graph: fx.Graph,
     op: str,
@@ -97,6 +100,11 @@ def new_node(
     Same node as ``create_node`` makes; setting the arguments afterwards skips its scan of
     every argument for raw symbolic values, a third of its cost.
     """
+    if name is None:  # the name torch derives from the target, computed once per target
+        hit = _NAMES.get(id(target))
+        if hit is None or hit[0] is not target:
+            hit = _NAMES[id(target)] = (target, graph._target_to_str(target))
+        name = hit[1]
     node = graph.create_node(op, target, (), {}, name, type_expr)
     args = map_aggregate(args, _unwrap)
     kwargs = map_aggregate(kwargs, _unwrap)
@@ -277,10 +285,11 @@ class Rewriter:
 
     def _erase_dead(self, nodes: Iterable[Node]) -> list[Node]:
         """Erase the nodes (users first) that nothing uses any more; returns them."""
-        order = self._order
         todo = [n for n in nodes if not n._erased]
-        if order is not None:
-            todo.sort(key=order.__getitem__, reverse=True)
+        if hasattr(Node, "_sort_key"):
+            todo.sort(key=_sort_key, reverse=True)
+        elif self._order is not None:
+            todo.sort(key=self._order.__getitem__, reverse=True)
         else:
             todo = _reverse_topological(todo)
         out = []
@@ -294,6 +303,10 @@ class Rewriter:
                     graph.erase_node(n)
                 out.append(n)
         return out
+
+
+def _sort_key(n: Node) -> Any:
+    return n._sort_key
 
 
 def _none(_: Node) -> None:
