@@ -168,20 +168,17 @@ class MetaPropagator:
                 except Exception:
                     return _NO
         try:
-            target = n.target
             kwargs = n._kwargs
-            key = (n.op, id(target), _args_key(args), _arg_spec(kwargs) if kwargs else ())
-            hash(key)
-        except TypeError:
-            key = None
-        if key is not None:
+            key = (n.op, id(n.target), _args_key(args), _arg_spec(kwargs) if kwargs else ())
             hit = _SPECS.get(key)
-            if hit is not None and hit[0] is n.target:
-                self.hits += 1
-                try:
-                    return self._materialize(hit[1], n, donors, n)
-                except LookupError:
-                    return _NO
+        except TypeError:  # symbolic shapes or unhashable arguments: no cache
+            key = hit = None
+        if hit is not None and hit[0] is n.target:
+            self.hits += 1
+            try:
+                return self._materialize(hit[1], n, donors, n)
+            except LookupError:
+                return _NO
         val = self._run(n)
         if val is _NO:
             self.failures += 1
