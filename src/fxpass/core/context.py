@@ -13,13 +13,15 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from .instrument import Instrumentation
     from .report import PassRecord
 
-__all__ = ["ChangeEvent", "DebugCounter", "PassContext", "current_context", "stat"]
+__all__ = ["ChangeEvent", "DebugCounter", "PassContext", "current_context", "scoped", "stat"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -110,12 +112,17 @@ def current_context() -> PassContext | None:
 
 
 @contextlib.contextmanager
-def _activate(ctx: PassContext) -> Iterator[PassContext]:
-    token = _CURRENT.set(ctx)
+def scoped(var: contextvars.ContextVar[T], value: T) -> Iterator[T]:
+    """Set the context variable ``var`` to ``value`` for the ``with`` block, then restore it."""
+    token = var.set(value)
     try:
-        yield ctx
+        yield value
     finally:
-        _CURRENT.reset(token)
+        var.reset(token)
+
+
+def _activate(ctx: PassContext) -> contextlib.AbstractContextManager[PassContext]:
+    return scoped(_CURRENT, ctx)
 
 
 def stat(name: str, value: float = 1) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import fx
 
-from .context import DebugCounter, PassContext, _activate, current_context
+from .context import DebugCounter, PassContext, _activate, current_context, scoped
 from .contract import Pass, PassResult, as_pass
 from .errors import (
     CheckFailedError,
@@ -63,11 +63,8 @@ def instrumented(*instruments: Instrumentation) -> Iterator[None]:
     >>> with fxpass.instrumented(fxpass.PrintIR(after_change=True)):   # doctest: +SKIP
     ...     torch.compile(model, backend="fxpass")(x)
     """
-    token = _GLOBAL_INSTRUMENTS.set((*_GLOBAL_INSTRUMENTS.get(), *instruments))
-    try:
+    with scoped(_GLOBAL_INSTRUMENTS, (*_GLOBAL_INSTRUMENTS.get(), *instruments)):
         yield
-    finally:
-        _GLOBAL_INSTRUMENTS.reset(token)
 
 
 class Pipeline(Pass):

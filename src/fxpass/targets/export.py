@@ -33,7 +33,7 @@ import contextvars
 import copy
 import dataclasses
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
+from ..core.context import scoped
 from ..core.errors import FxpassError
 
 __all__ = [
@@ -145,13 +146,8 @@ def program_context() -> ProgramContext | None:
     return _ACTIVE.get()
 
 
-@contextlib.contextmanager
-def _activate(ctx: ProgramContext) -> Iterator[ProgramContext]:
-    token = _ACTIVE.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _ACTIVE.reset(token)
+def _activate(ctx: ProgramContext) -> contextlib.AbstractContextManager[ProgramContext]:
+    return scoped(_ACTIVE, ctx)
 
 
 # ----- helpers for passes --------------------------------------------------------------------
