@@ -169,3 +169,19 @@ def test_instrumented_context_applies_to_every_run(llama_gm):
         fp.Pipeline([look]).run(llama_gm)
     fp.Pipeline([look]).run(llama_gm)
     assert [e for e in rec.events if e[0] == "before_pipeline"] == [("before_pipeline", "pipeline")]
+
+
+def test_print_ir_after_change_skips_fixpoint_rounds_that_changed_nothing(llama_gm):
+    out = io.StringIO()
+    seen = []
+
+    class Seen(fp.Instrumentation):
+        def after_pass(self, record, gm, ctx):
+            seen.append((record.name, ctx.changed, record.modified))
+
+    fp.Pipeline([fp.fixpoint(drop_asserts)]).run(
+        llama_gm, instrument=[fp.PrintIR(after_change=True, stream=out), Seen()]
+    )
+    # round 1 removes the asserts, round 2 changes nothing (but the record stays modified)
+    assert seen[:2] == [("drop_asserts", True, True), ("drop_asserts", False, True)]
+    assert out.getvalue().count("IR after drop_asserts") == 1

@@ -76,6 +76,10 @@ class PassContext:
     fp: Any = None  # (module, fingerprint) after the last pass
     suppressed: list[str] = field(default_factory=list)
     error: Any = None  # the PassFailedError of a failed run, for after_pipeline hooks
+    #: In ``after_pass`` hooks: whether the run of the pass that just returned changed the
+    #: graph. ``record.modified`` is whether any of its runs did (it accumulates over a
+    #: fixpoint's rounds), so hooks that act on a change read this instead.
+    changed: bool = False
 
     @property
     def record(self) -> PassRecord | None:

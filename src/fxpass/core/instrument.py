@@ -45,7 +45,8 @@ class Instrumentation:
         """Called before each pass (nested pipelines included)."""
 
     def after_pass(self, record: PassRecord, gm: fx.GraphModule, ctx: PassContext) -> None:
-        """Called after each pass that returned; ``record.modified`` says if it changed ``gm``."""
+        """Called after each pass that returned; ``ctx.changed`` says if this run changed
+        ``gm`` (``record.modified``: if any of its runs did, e.g. in a fixpoint)."""
 
     def on_failure(
         self, record: PassRecord, gm: fx.GraphModule, error: BaseException, ctx: PassContext
@@ -109,7 +110,7 @@ class PrintIR(Instrumentation):
     def after_pass(self, record, gm, ctx):
         if not self._wanted(record):
             return
-        if self.after or (self.after_change and record.modified):
+        if self.after or (self.after_change and ctx.changed):
             self._print(f"IR after {_label(record)}", gm)
 
     def on_failure(self, record, gm, error, ctx):

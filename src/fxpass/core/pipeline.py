@@ -466,6 +466,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
             if note not in record.notes:
                 record.notes.append(note)
     ctx.fp = (new_gm, after)
+    ctx.changed = changed
     record.modified |= changed
     record.nodes_after = len(new_gm.graph.nodes)
     for inst in ctx.instruments:
