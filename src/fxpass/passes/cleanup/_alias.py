@@ -220,9 +220,9 @@ class AliasInfo:
         self.graph = graph
         self.pos: dict[fx.Node, int] = {}
         self._roots: dict[fx.Node, frozenset[fx.Node]] = {}
-        self.writes: list[tuple[int, fx.Node, frozenset[fx.Node]]] = []
         self.output: fx.Node | None = None
         self._by_root: dict[fx.Node, list[fx.Node]] = {}
+        # the nodes that write memory, in graph order, each with the roots it writes
         self.written_by: dict[fx.Node, frozenset[fx.Node]] = {}
         for i, node in enumerate(graph.nodes):
             self.pos[node] = i
@@ -234,7 +234,6 @@ class AliasInfo:
                 self._by_root.setdefault(r, []).append(node)
             written = frozenset().union(*(self.roots(w) for w in written_args(node)))
             if written:
-                self.writes.append((i, node, written))
                 self.written_by[node] = written
             if node.op == "output":
                 self.output = node
@@ -254,8 +253,8 @@ class AliasInfo:
     ) -> bool:
         """Does any node strictly between positions ``after`` and ``before`` write ``roots``?"""
         return any(
-            after < i < before and node is not ignore and written & roots
-            for i, node, written in self.writes
+            after < self.pos[node] < before and node is not ignore and written & roots
+            for node, written in self.written_by.items()
         )
 
     def aliases(self, roots: frozenset[fx.Node]) -> list[fx.Node]:
@@ -264,11 +263,13 @@ class AliasInfo:
         return list(found)
 
     def last_read(self, roots: frozenset[fx.Node]) -> float:
-        """Position of the last node reading memory of ``roots`` (inf if the output does)."""
+        """Position of the last node reading memory of ``roots``: inf if the output does, or
+        a node added after the snapshot (its place is unknown: assume it reads last)."""
         last = -1.0
         for alias in self.aliases(roots):
             for user in alias.users:
-                last = max(last, float("inf") if user.op == "output" else self.pos[user])
+                at = None if user.op == "output" else self.pos.get(user)
+                last = max(last, float("inf") if at is None else at)
         return last
 
     def external(self, roots: frozenset[fx.Node]) -> bool:

@@ -104,7 +104,7 @@ def cse(gm: fx.GraphModule) -> bool:
         %c = aten.add(%a, %b)
     """
     info = AliasInfo(gm.graph)
-    written = frozenset().union(*(w for _, _, w in info.writes))
+    written = frozenset().union(*info.written_by.values())
     version: dict[fx.Node, int] = {}
     seen: dict[Any, fx.Node] = {}
     rep: dict[fx.Node, fx.Node] = {}

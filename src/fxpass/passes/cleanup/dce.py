@@ -44,16 +44,10 @@ def _only_writes(node: fx.Node, keep_rng: bool) -> bool:
 
 def _dead_store(node: fx.Node, info: AliasInfo, keep_rng: bool) -> bool:
     """A write to the graph's own memory that nothing reads afterwards."""
-    written = frozenset().union(*(info.roots(w) for w in written_args(node)))
+    written = info.written_by.get(node)
     if not written or info.external(written) or not _only_writes(node, keep_rng):
         return False
-    here = info.pos[node]
-    return not any(
-        info.pos.get(user, here + 1) > here
-        for alias in info.aliases(written)
-        for user in alias.users
-        if user is not node
-    )
+    return info.last_read(written) <= info.pos[node]  # the node itself reads at pos[node]
 
 
 @_builtin("dce")

@@ -45,15 +45,6 @@ def _forward_readers(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo)
     return moved
 
 
-def _read_later(copy: fx.Node, dst: fx.Node, info: AliasInfo) -> bool:
-    here = info.pos[copy]
-    return any(
-        user is not copy and info.pos.get(user, here + 1) > here
-        for alias in info.aliases(info.roots(dst))
-        for user in alias.users
-    )
-
-
 def _erase_in_place(copy: fx.Node, info: AliasInfo) -> bool:
     dst, src = _copy_into(copy)
     if not same_layout(node_val(dst), node_val(src)):
@@ -63,7 +54,9 @@ def _erase_in_place(copy: fx.Node, info: AliasInfo) -> bool:
     moved = _forward_readers(copy, dst, src, info)
     if moved:
         stat("readers_forwarded", moved)
-    gone = not info.external(info.roots(dst)) and not _read_later(copy, dst, info)
+    dst_roots = info.roots(dst)
+    read_later = info.last_read(dst_roots) > info.pos[copy]
+    gone = not info.external(dst_roots) and not read_later
     if gone and not copy.users and allow():
         erase(copy, "erase_copy")
         stat("copies_erased")
