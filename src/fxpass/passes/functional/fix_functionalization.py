@@ -10,26 +10,24 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
-from ..cleanup._alias import AliasInfo
+from ..cleanup._alias import _FUNCTIONAL_HOPS, AliasInfo, _hop_name, _nodes_in, _write_slots
 from ..cleanup._edit import allow, fake_value, new_node_meta, notify
 
 __all__ = ["fix_functionalization"]
 
 aten = torch.ops.aten
-_HOPS = ("auto_functionalized", "auto_functionalized_v2")
 
 
 def _hop(node: fx.Node) -> str | None:
-    target = node.target
-    if node.op == "call_function" and isinstance(target, torch._ops.HigherOrderOperator):
-        name = target.name()
-        if name in _HOPS and isinstance(node.args[0], torch._ops.OpOverload):
-            return name
+    name = _hop_name(node)
+    if name in _FUNCTIONAL_HOPS and isinstance(node.args[0], torch._ops.OpOverload):
+        return name
     return None
 
 
-def _mutable(schema: torch.FunctionSchema) -> list[torch.Argument]:
-    return [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+def _mutable(op: torch._ops.OpOverload) -> list[str]:
+    """The names of the arguments ``op`` writes, in schema order."""
+    return [name for _, name, _ in _write_slots(op)]
 
 
 class _Call:
@@ -47,22 +45,22 @@ class _Call:
         if kind == "auto_functionalized_v2":
             self.bases: list[fx.Node] = list(kwargs.pop("_all_bases"))
             kwargs.pop("_only_clone_these_bases", None)
-            for arg in _mutable(self.schema):
-                self.views[arg.name] = self._read_view(kwargs, f"_{arg.name}", arg.type)
+            for name in _mutable(self.op):
+                self.views[name] = self._read_view(kwargs, f"_{name}")
         else:
             self.bases = []
-            for arg in _mutable(self.schema):
-                value = kwargs.pop(arg.name)
-                self.views[arg.name] = ("node", value)
+            for name in _mutable(self.op):
+                value = kwargs.pop(name)
+                self.views[name] = ("node", value)
                 self.bases.append(value)
         self.kwargs = kwargs  # the op's other arguments, by name
 
-    def _read_view(self, kwargs: dict, prefix: str, typ: Any) -> Any:
+    def _read_view(self, kwargs: dict, prefix: str) -> Any:
         if f"{prefix}_length" in kwargs:  # Tensor[]: one view per element
             length = kwargs.pop(f"{prefix}_length")
             if length is None:
                 return None
-            return [self._read_view(kwargs, f"{prefix}_{i}", None) for i in range(length)]
+            return [self._read_view(kwargs, f"{prefix}_{i}") for i in range(length)]
         index = kwargs.pop(f"{prefix}_base_index")
         if index is None:
             return None
@@ -99,13 +97,7 @@ class _Call:
         return made
 
 
-def _nodes(value: Any) -> list[fx.Node]:
-    out: list[fx.Node] = []
-    fx.node.map_arg(value, out.append)
-    return out
-
-
-def _writebacks(call: _Call, info: AliasInfo) -> dict[fx.Node, fx.Node]:
+def _writebacks(call: _Call) -> dict[fx.Node, fx.Node]:
     """``copy_(input, new_value)`` nodes that write a new base back into a graph input
     (AOTAutograd's input mutations), by base."""
     found = {}
@@ -124,7 +116,7 @@ def _reinplaceable(call: _Call, info: AliasInfo, writebacks: dict) -> bool:
     new value into it anyway, and no base shares memory with another argument."""
     here = info.pos[call.node]
     seen: frozenset[fx.Node] = frozenset()
-    others = frozenset().union(*(info.roots(n) for n in _nodes(call.kwargs)))
+    others = frozenset().union(*(info.roots(n) for n in _nodes_in(call.kwargs)))
     for base in call.bases:
         roots = info.roots(base)
         if roots & seen or roots & others:
@@ -165,7 +157,7 @@ def _rewrite(call: _Call, writebacks: dict) -> None:
             if call.kind == "auto_functionalized_v2":
                 new = call.bases[j]
             else:
-                new = named[_mutable(call.schema)[j].name]
+                new = named[_mutable(call.op)[j]]
             user.replace_all_uses_with(new)
             graph.erase_node(user)
         elif returns == 1:
@@ -218,7 +210,7 @@ def fix_functionalization(gm: fx.GraphModule) -> bool:
             continue
         info = info or AliasInfo(gm.graph)
         call = _Call(node, kind)
-        writebacks = _writebacks(call, info)
+        writebacks = _writebacks(call)
         if _reinplaceable(call, info, writebacks) and allow():
             _rewrite(call, writebacks)
             stat("reinplaced")
