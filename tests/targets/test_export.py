@@ -159,6 +159,22 @@ def test_removed_user_output_is_a_clear_error():
         apply(ep, drop_output)
 
 
+def test_node_without_fake_value_that_cannot_run_is_a_clear_error():
+    ep = convnet_ep()
+    before = graph_state(ep)
+
+    def add_bad_mm(gm):  # mm of a 4-d input with itself: fails on fake tensors too
+        x = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name == "x")
+        out = gm.graph.output_node()
+        with gm.graph.inserting_before(out):
+            gm.graph.call_function(aten.mm.default, (x, x))
+        return True
+
+    with pytest.raises(SignatureError, match=r"has no meta\['val'\] and running it on fake"):
+        apply(ep, add_bad_mm)
+    assert graph_state(ep) == before
+
+
 def test_unchanged_program_is_returned_as_is():
     ep = convnet_ep()
     result = apply(ep, lambda gm: False)

@@ -368,7 +368,7 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
 def _fill_missing_vals(gm: fx.GraphModule) -> None:
     """Give ``meta["val"]`` to nodes a pass made without one (the verifier needs it): run
     each such op on the fake values of its inputs."""
-    from torch.utils import _pytree as pytree
+    from ..passes.cleanup._edit import fake_value
 
     mode = _fake_mode(gm.graph)
     if mode is None:
@@ -376,15 +376,10 @@ def _fill_missing_vals(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op != "call_function" or "val" in node.meta:
             continue
-
-        def fake(a: Any) -> Any:
-            return a.meta.get("val") if isinstance(a, fx.Node) else a
-
-        args = pytree.tree_map(fake, node.args)
-        kwargs = pytree.tree_map(fake, node.kwargs)
         try:
-            with mode:
-                node.meta["val"] = node.target(*args, **kwargs)
+            node.meta["val"] = fake_value(
+                node.target, node.args, node.kwargs, mode=mode, strict=True
+            )
         except Exception as e:
             raise SignatureError(
                 f"node '{node.name}' ({node.target}) has no meta['val'] and running it on fake "

@@ -75,11 +75,19 @@ def new_node_meta(new: fx.Node, replaced: Sequence[fx.Node], rule: str, pass_nam
 
 
 def fake_value(
-    target: Any, args: Any, kwargs: Any, *, method: bool = False, like: Any = None
+    target: Any,
+    args: Any,
+    kwargs: Any,
+    *,
+    method: bool = False,
+    like: Any = None,
+    mode: Any = None,
+    strict: bool = False,
 ) -> Any:
     """What ``target(*args, **kwargs)`` would return, computed on the nodes' example values
-    in their fake mode (or ``like``'s, for calls without tensor arguments); None when an
-    argument has no example value or the call fails."""
+    in their fake mode (or ``like``'s, for calls without tensor arguments; or in ``mode``
+    when one is given); None when an argument has no example value or the call fails —
+    with ``strict``, those failures raise instead."""
     from torch._guards import detect_fake_mode
 
     from ._alias import node_val
@@ -94,11 +102,17 @@ def fake_value(
 
     fargs, fkwargs = fx.node.map_arg((args, kwargs), val)
     if missing:
+        if strict:
+            names = ", ".join(f"'{n.name}'" for n in missing)
+            raise ValueError(f"no example value (meta['val']) for the input(s) {names}")
         return None
-    try:
-        mode = detect_fake_mode((fargs, fkwargs, like))
-    except AssertionError:  # example values from different fake modes
-        return None
+    if mode is None:
+        try:
+            mode = detect_fake_mode((fargs, fkwargs, like))
+        except AssertionError:  # example values from different fake modes
+            if strict:
+                raise
+            return None
     if mode is None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -109,4 +123,6 @@ def fake_value(
                 return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
             return target(*fargs, **fkwargs)
     except Exception:  # an op the fake mode cannot run: the caller leaves the node alone
+        if strict:
+            raise
         return None
