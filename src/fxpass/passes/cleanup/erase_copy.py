@@ -9,7 +9,7 @@ from ...core.context import stat
 from ...core.registry import _builtin
 from ._alias import AliasInfo, aliased_args, node_val
 from ._copies import copy_is_unobservable, same_layout, view_is_replaceable
-from ._edit import allow, erase, notify
+from ._edit import allow, erase, notify, replace_all_uses
 
 __all__ = ["erase_copy"]
 
@@ -45,8 +45,7 @@ def _forward_readers(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo)
     return moved
 
 
-def _erase_in_place(copy: fx.Node, info: AliasInfo) -> bool:
-    dst, src = _copy_into(copy)
+def _erase_in_place(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) -> bool:
     if not same_layout(node_val(dst), node_val(src)):
         return False
     if info.written(info.roots(dst) | info.roots(src), after=info.pos[copy], ignore=copy):
@@ -87,18 +86,17 @@ def erase_copy(gm: fx.GraphModule) -> bool:
     changed = False
     info: AliasInfo | None = None
     for node in list(gm.graph.nodes):
-        if _copy_into(node) is not None:
+        into = _copy_into(node)
+        if into is not None:
             info = info or AliasInfo(gm.graph)
-            if _erase_in_place(node, info):
+            if _erase_in_place(node, *into, info):
                 changed, info = True, None
         elif node.target is aten.copy.default and isinstance(node.args[1], fx.Node):
             info = info or AliasInfo(gm.graph)
             src = node.args[1]
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
             if ok and allow():
-                node.replace_all_uses_with(src)
-                notify("replace", "erase_copy", [node], [src])
-                gm.graph.erase_node(node)
+                replace_all_uses(node, src, "erase_copy")
                 stat("copies_erased")
                 changed, info = True, None
     return changed
