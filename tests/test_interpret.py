@@ -107,6 +107,38 @@ def test_one_to_x_add_becomes_mul_sub():
     torch.testing.assert_close(new(x, y), x * y - y)
 
 
+def test_provenance_is_torchs_record_and_its_location_is_looked_up_once_per_run(monkeypatch):
+    from torch.fx.traceback import NodeSource, NodeSourceAction
+
+    import fxpass.interpret as interpret
+
+    class TwoAdds(torch.nn.Module):
+        def forward(self, x, y):
+            return (x + y) + y
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    gm = torch.export.export(TwoAdds(), (x, y)).module()
+    adds = [n for n in gm.graph.nodes if n.target is aten.add.Tensor]
+    want = {
+        n.name: NodeSource(n, "replace_add_with_mul_sub", NodeSourceAction.REPLACE) for n in adds
+    }
+    lookups = []
+    real = interpret._location
+    monkeypatch.setattr(interpret, "_location", lambda obj: lookups.append(obj) or real(obj))
+    p = ReplaceAddWithMulSub()
+    for run in (1, 2):
+        new = p(gm).graph_module
+        assert len(lookups) == run  # once per run, not once per rewrite
+        made = [n for n in new.graph.nodes if n.target in (aten.mul.Tensor, aten.sub.Tensor)]
+        assert len(made) == 4
+        for n in made:
+            (old,) = n.meta["fxpass_provenance"]["replaced"]
+            assert n.meta["from_node"] == [want[old]]
+            assert n.meta["fxpass_provenance"]["location"] == real(
+                ReplaceAddWithMulSub.call_operator
+            )
+
+
 def test_one_to_x_on_the_llama_graph_keeps_a_valid_program(llama_ep):
     adds = _calls(llama_ep.graph_module, aten.add.Tensor)
     muls = _calls(llama_ep.graph_module, aten.mul.Tensor)

@@ -44,20 +44,12 @@ from torch.utils import _pytree as pytree
 
 from .core.context import ChangeEvent, current_context
 from .core.contract import Pass, PassResult
+from .rewrite.metadata import COPIED_META, node_sources, provenance_record
 
 __all__ = ["ExportPass", "InterpreterPass", "ProxyValue", "map_args"]
 
 # Metadata a rewritten node inherits from the node it replaces (``val`` is recomputed).
-_INHERITED = (
-    "stack_trace",
-    "nn_module_stack",
-    "source_fn_stack",
-    "torch_fn",
-    "custom",
-    "seq_nr",
-    "original_aten",
-    "from_node",
-)
+_INHERITED = (*COPIED_META, "custom", "seq_nr", "original_aten", "from_node")
 
 
 class ProxyValue:
@@ -190,6 +182,7 @@ class InterpreterPass(Pass):
         self._constants: dict[str, torch.Tensor] = {}
         self._changed = False
         self._rewrites = 0
+        self._where: str | None = None  # the location provenance names (see _mark_provenance)
         self._current: fx.Node | None = None
         self._inputs_seen = 0
         self._last_constant: fx.Node | None = None
@@ -301,17 +294,14 @@ class InterpreterPass(Pass):
         return out
 
     def _mark_provenance(self, old: fx.Node, created: list[fx.Node]) -> None:
-        from torch.fx.traceback import NodeSource, NodeSourceAction
-
-        where = _location(type(self).call_operator)
+        where = self._where
+        if where is None:  # once per run, at its first rewrite
+            where = self._where = _location(type(self).call_operator)
+        sources = node_sources([old], self.name)
+        rule, replaced = type(self).__name__, [old.name]
         for n in created:
-            n.meta["from_node"] = [NodeSource(old, self.name, NodeSourceAction.REPLACE)]
-            n.meta["fxpass_provenance"] = {
-                "rule": type(self).__name__,
-                "pass": self.name,
-                "replaced": [old.name],
-                "location": where,
-            }
+            n.meta["from_node"] = list(sources)
+            n.meta["fxpass_provenance"] = provenance_record(rule, self.name, replaced, where)
 
     # ----- building nodes ------------------------------------------------------------------
     def _emit(self, op: Any, args, kwargs, meta) -> ProxyValue:

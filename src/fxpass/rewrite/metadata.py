@@ -25,7 +25,7 @@ from torch.fx import Node
 from torch.fx.node import map_aggregate
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
-__all__ = ["COPIED_META", "MetaPropagator", "node_sources"]
+__all__ = ["COPIED_META", "MetaPropagator", "node_sources", "provenance_record"]
 
 #: Metadata keys a new node inherits from the node it replaces.
 COPIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn")
@@ -131,6 +131,14 @@ def node_sources(old: Sequence[Node], pass_name: str) -> list[NodeSource]:
         }
         out.append(src)
     return out
+
+
+def provenance_record(
+    rule: str, pass_name: str, replaced: Iterable[str], location: str
+) -> dict[str, Any]:
+    """``meta['fxpass_provenance']`` of a new node: the rule and the pass that made it, the
+    names of the nodes it replaced, and where the rule is written."""
+    return {"rule": rule, "pass": pass_name, "replaced": list(replaced), "location": location}
 
 
 class MetaPropagator:
@@ -297,12 +305,7 @@ class MetaPropagator:
                     del meta[key]
             src = sources.get(donor) if donor is not None else None
             meta["from_node"] = [src] if src is not None else list(every)
-            meta["fxpass_provenance"] = {
-                "rule": rule,
-                "pass": pass_name,
-                "replaced": list(names),
-                "location": location,
-            }
+            meta["fxpass_provenance"] = provenance_record(rule, pass_name, names, location)
 
 
 def _element_donor(n: Node | None, i: int, donors: Mapping[Node, Node]) -> Node | None:

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from torch import fx
-from torch.fx.traceback import NodeSource, NodeSourceAction
 
 from ...core.context import ChangeEvent, current_context
+from ...rewrite.metadata import COPIED_META, node_sources, provenance_record
 
 __all__ = ["allow", "erase", "fake_value", "new_node_meta", "notify", "replace_all_uses"]
 
@@ -57,21 +57,13 @@ def new_node_meta(new: fx.Node, replaced: Sequence[fx.Node], rule: str, pass_nam
     """Give a node a pass created the metadata and provenance of the nodes it stands for."""
     first = replaced[0] if replaced else None
     if first is not None:
-        for key in ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn"):
+        for key in COPIED_META:
             if key in first.meta and key not in new.meta:
                 new.meta[key] = first.meta[key]
-    new.meta["from_node"] = [
-        NodeSource(
-            n, pass_name, NodeSourceAction.REPLACE if n is not new else NodeSourceAction.CREATE
-        )
-        for n in replaced
-    ]
-    new.meta["fxpass_provenance"] = {
-        "rule": rule,
-        "pass": pass_name,
-        "replaced": [n.name for n in replaced],
-        "location": _caller(),
-    }
+    new.meta["from_node"] = node_sources(replaced, pass_name)
+    new.meta["fxpass_provenance"] = provenance_record(
+        rule, pass_name, [n.name for n in replaced], _caller()
+    )
 
 
 def fake_value(
