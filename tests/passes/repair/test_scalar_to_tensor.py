@@ -52,3 +52,16 @@ def test_bf16_operands_keep_float32_scalars():
     assert {n.kwargs["dtype"] for n in scalars} == {torch.float32}
     assert check.comparison.max_abs_error == 0
     assert all(n.meta["val"].dtype == torch.float32 for n in scalars)
+
+
+def test_tensor_overload_sees_overloads_a_library_defines_later():
+    from fxpass.passes.repair.scalar_to_tensor import _tensor_overload
+
+    assert _tensor_overload(aten.add.Scalar) is aten.add.Tensor
+    assert _tensor_overload(aten.pow.Tensor_Scalar) is aten.pow.Tensor_Tensor
+    lib = torch.library.Library("fxpass_s2t_test", "DEF")
+    lib.define("scale.Scalar(Tensor self, Scalar other) -> Tensor")
+    op = torch.ops.fxpass_s2t_test.scale.Scalar
+    assert _tensor_overload(op) is None
+    lib.define("scale.Tensor(Tensor self, Tensor other) -> Tensor")
+    assert _tensor_overload(op) is torch.ops.fxpass_s2t_test.scale.Tensor

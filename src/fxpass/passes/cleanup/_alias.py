@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["AliasInfo", "aliased_args", "node_val", "op_schema", "written_args"]
+__all__ = ["AliasInfo", "aliased_args", "lay_out_args", "node_val", "op_schema", "written_args"]
 
 # names of Python-level tensor methods / torch functions whose result may share memory with
 # their first argument (Dynamo and symbolic_trace graphs call these)
@@ -111,6 +111,20 @@ def op_schema(node: fx.Node) -> torch.FunctionSchema | None:
     if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
         return node.target._schema
     return None
+
+
+def lay_out_args(schema: torch.FunctionSchema, named: dict[str, Any]) -> tuple[list, dict]:
+    """``(args, kwargs)`` for a call of ``schema`` with the arguments ``named``: in order by
+    position, keyword-only ones by name, and after a missing (defaulted) one all by name."""
+    args, kwargs, gap = [], {}, False
+    for arg in schema.arguments:
+        if arg.name not in named:
+            gap = True  # later positional arguments must go by name
+        elif arg.kwarg_only or gap:
+            kwargs[arg.name] = named[arg.name]
+        else:
+            args.append(named[arg.name])
+    return args, kwargs
 
 
 _Slots = tuple[tuple[int, str, bool], ...]  # (position, name, keyword-only) per argument

@@ -10,7 +10,14 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
-from ..cleanup._alias import _FUNCTIONAL_HOPS, AliasInfo, _hop_name, _nodes_in, _write_slots
+from ..cleanup._alias import (
+    _FUNCTIONAL_HOPS,
+    AliasInfo,
+    _hop_name,
+    _nodes_in,
+    _write_slots,
+    lay_out_args,
+)
 from ..cleanup._edit import allow, fake_value, new_node_meta, notify
 
 __all__ = ["fix_functionalization"]
@@ -138,15 +145,7 @@ def _rewrite(call: _Call, writebacks: dict) -> None:
         named = dict(call.kwargs)
         for name, view in call.views.items():
             named[name] = call.build_view(view)
-        args, kwargs, gap = [], {}, False
-        for arg in call.schema.arguments:
-            if arg.name not in named:
-                gap = True  # a defaulted argument: the ones after it go by name
-                continue
-            if arg.kwarg_only or gap:
-                kwargs[arg.name] = named[arg.name]
-            else:
-                args.append(named[arg.name])
+        args, kwargs = lay_out_args(call.schema, named)
         inplace = graph.call_function(call.op, tuple(args), kwargs)
     new_node_meta(inplace, [node], "reinplace", "fix_functionalization")
     returns = len(call.schema.returns)

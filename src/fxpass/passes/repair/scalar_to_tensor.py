@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -9,7 +10,7 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
-from ..cleanup._alias import node_val
+from ..cleanup._alias import lay_out_args, node_val
 from ..cleanup._edit import allow, fake_value, new_node_meta, notify
 
 __all__ = ["scalar_to_tensor"]
@@ -21,9 +22,17 @@ _SCALAR_TO_TENSOR = {("Scalar", "Tensor"), ("number", "Tensor")}  # how schemas 
 def _tensor_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The overload of ``op`` that takes tensors where ``op`` takes Scalars (``add.Scalar``
     -> ``add.Tensor``, ``pow.Tensor_Scalar`` -> ``pow.Tensor_Tensor``), else None."""
+    # cached per op and the overloads its packet has now (a library may define more later)
+    return _tensor_overload_among(op, tuple(op.overloadpacket.overloads()))
+
+
+@functools.cache
+def _tensor_overload_among(
+    op: torch._ops.OpOverload, names: tuple[str, ...]
+) -> torch._ops.OpOverload | None:
     args = op._schema.arguments
     packet = op.overloadpacket
-    for name in packet.overloads():
+    for name in names:
         other = getattr(packet, name)
         theirs = other._schema.arguments
         if other is op or len(theirs) != len(args) or other._schema.is_mutable:
@@ -56,19 +65,11 @@ def _bind(node: fx.Node, old: torch.FunctionSchema, new: torch.FunctionSchema):
             values[arg.name] = node.args[i]
         elif arg.name in node.kwargs:
             values[arg.name] = node.kwargs[arg.name]
-    args, kwargs, gap = [], {}, False
-    for arg in new.arguments:
-        if arg.name not in values:
-            gap = True  # later positional arguments must go by name
-        elif arg.kwarg_only or gap:
-            kwargs[arg.name] = values[arg.name]
-        else:
-            args.append(values[arg.name])
-    return args, kwargs
+    return lay_out_args(new, values)
 
 
-def _numbers(node: fx.Node, target: torch._ops.OpOverload) -> list[str]:
-    args, kwargs = _bind(node, node.target._schema, target._schema)
+def _numbers(target: torch._ops.OpOverload, args: list, kwargs: dict) -> list[str]:
+    """The ``Tensor`` arguments of ``target`` that ``args`` / ``kwargs`` pass numbers in."""
     named = dict(zip((a.name for a in target._schema.arguments), args)) | kwargs
     return [
         a.name
@@ -77,14 +78,17 @@ def _numbers(node: fx.Node, target: torch._ops.OpOverload) -> list[str]:
     ]
 
 
-def _convert(node: fx.Node, target: torch._ops.OpOverload, names: list[str]) -> bool:
+def _convert(
+    node: fx.Node, target: torch._ops.OpOverload, args: list, kwargs: dict, names: list[str]
+) -> bool:
+    """Call ``target`` with ``args`` / ``kwargs`` (laid out for it, changed in place here),
+    numbers ``names`` made 0-d tensors, unless that changes the result's shape or dtype."""
     like = next(
         (node_val(a) for a in node.all_input_nodes if isinstance(node_val(a), torch.Tensor)),
         None,
     )
     if like is None:
         return False
-    args, kwargs = _bind(node, node.target._schema, target._schema)
     positions = {a.name: i for i, a in enumerate(target._schema.arguments)}
     made = []
     for name in names:
@@ -140,8 +144,9 @@ def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bo
         target = original = node.target
         if switch_overloads:
             target = _tensor_overload(target) or target
-        names = _numbers(node, target)
-        if names and allow() and _convert(node, target, names):
+        args, kwargs = _bind(node, original._schema, target._schema)
+        names = _numbers(target, args, kwargs)
+        if names and allow() and _convert(node, target, args, kwargs, names):
             if target is not original:
                 stat("overloads_switched")
             changed = True
