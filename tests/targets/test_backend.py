@@ -227,3 +227,31 @@ def test_split_at_leaves_graphs_without_the_op_whole():
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
     assert len(be.reports) == 1 and be.reports[0].root.children[0].stats == {"relu_rewritten": 2}
+
+
+def test_a_given_pipeline_is_parsed_once_and_none_reads_the_default_each_time(monkeypatch):
+    import fxpass.targets.backend as backend_module
+
+    calls = []
+    real = backend_module.resolve_pipeline
+
+    def counting(pipeline=None):
+        calls.append(pipeline)
+        return real(pipeline)
+
+    monkeypatch.setattr(backend_module, "resolve_pipeline", counting)
+    be = backend("remove_assert_ops", ir="dynamo", compiler="eager")
+    assert be.pipeline is be.pipeline and calls == ["remove_assert_ops"]
+    assert be._configured("default", {"fullgraph": True}).pipeline is be.pipeline
+    assert calls == ["remove_assert_ops"]
+    default = backend(ir="dynamo", compiler="eager")
+    assert default.pipeline is not default.pipeline  # made anew each time
+    assert calls[1:] == [None, None]
+
+
+def test_split_at_a_predicate_only_the_graph_inputs_satisfy_is_refused():
+    model = convnet()
+    (x,) = model.example_inputs()
+    be = backend([], ir="dynamo", compiler="eager", split_at=lambda n: n.op == "placeholder")
+    with pytest.raises(Exception, match="nothing to split at"):
+        torch.compile(model, backend=be)(x)

@@ -88,6 +88,7 @@ class FxpassBackend:
         if hook not in HOOKS:
             raise ValueError(f"hook must be one of {HOOKS}, not {hook!r}")
         self._pipeline = pipeline
+        self._parsed: dict[str, Pipeline] = {}  # the pipeline given, parsed once (shared)
         self.ir = ir
         self.compiler = compiler
         self.hook = hook
@@ -102,7 +103,12 @@ class FxpassBackend:
     @property
     def pipeline(self) -> Pipeline:
         """The pipeline as it stands now (the ``default`` one is read at each compile)."""
-        return resolve_pipeline(self._pipeline)
+        if self._pipeline is None:
+            return resolve_pipeline(None)
+        parsed = self._parsed.get("pipeline")
+        if parsed is None:
+            parsed = self._parsed["pipeline"] = resolve_pipeline(self._pipeline)
+        return parsed
 
     def __call__(
         self,
@@ -140,6 +146,8 @@ class FxpassBackend:
             options={**self.options, **options},
         )
         configured.reports = self.reports
+        if "pipeline" not in own:
+            configured._parsed = self._parsed
         return configured
 
     # ----- the three paths ---------------------------------------------------------------
@@ -156,13 +164,17 @@ class FxpassBackend:
         return self._final_compile(gm, inputs)
 
     def _compile_pieces(self, gm: fx.GraphModule, inputs: list[Any]):
-        from .piecewise import split, split_predicate
+        from .piecewise import _nothing_to_split, _split, split_predicate
 
-        if not any(map(split_predicate(self.split_at), gm.graph.nodes)):
+        is_split = split_predicate(self.split_at)
+        pieces = _split(gm, is_split)
+        if pieces is None:
+            ends = [*gm.graph.find_nodes(op="placeholder"), *gm.graph.find_nodes(op="output")]
+            if any(map(is_split, ends)):  # a predicate that only the inputs/output satisfy
+                raise _nothing_to_split(self.split_at)
             # a graph without the op (e.g. after a graph break): nothing to cut
             return self._final_compile(self._run(gm, inputs), inputs)
-        pieces = split(gm, self.split_at)
-        pieces.run(self._pipeline)
+        pieces.run(self.pipeline)
         self.reports.extend(pieces.reports)
         if self.compiler != "eager":
             pieces.compile(self._final_compile)
@@ -301,12 +313,7 @@ def fxpass_backend(
     """The ``"fxpass"`` backend: the ``default`` pipeline on Inductor's ATen graphs, then
     Inductor. ``torch.compile(..., options={"pipeline": "...", "ir": "dynamo",
     "compiler": "eager"})`` configures it; other options go to Inductor."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = FxpassBackend()
-    if mode is None and not options:
-        return _DEFAULT(gm, example_inputs)
-    return _DEFAULT(gm, example_inputs, mode=mode, options=options)
+    return default_backend()(gm, example_inputs, mode=mode, options=options)
 
 
 def default_backend() -> FxpassBackend:

@@ -222,7 +222,22 @@ def split(gm: fx.GraphModule, at: Any = "attention") -> PiecewiseGraph:
     Each splitting op (with the ``getitem`` nodes that unpack its results) becomes a piece
     of its own; the ops between them form the other pieces, in graph order.
     """
-    is_split = split_predicate(at)
+    pieces = _split(gm, split_predicate(at))
+    if pieces is None:
+        raise _nothing_to_split(at)
+    return pieces
+
+
+def _nothing_to_split(at: Any) -> ValueError:
+    return ValueError(
+        f"nothing to split at: no node in the graph matches {at!r} "
+        "(Dynamo graphs call torch functions, exported and AOT graphs call ATen ops)"
+    )
+
+
+def _split(gm: fx.GraphModule, is_split: Callable[[fx.Node], bool]) -> PiecewiseGraph | None:
+    """:func:`split` with the predicate made; None when no node (but the graph's inputs and
+    output, which are never asked) is a splitting op."""
     ids: dict[fx.Node, int] = {}
     split_ids: set[int] = set()
     current = 0
@@ -242,10 +257,7 @@ def split(gm: fx.GraphModule, at: Any = "attention") -> PiecewiseGraph:
         else:
             ids[node] = current
     if not split_ids:
-        raise ValueError(
-            f"nothing to split at: no node in the graph matches {at!r} "
-            "(Dynamo graphs call torch functions, exported and AOT graphs call ATen ops)"
-        )
+        return None
     top = split_module(gm, gm, lambda n: ids[n], keep_original_order=True)
     top.graph._codegen = copy.deepcopy(gm.graph._codegen)  # e.g. pytree in/out of ep.module()
     top.recompile()
