@@ -74,9 +74,10 @@ def _dropout_off(node: fx.Node) -> bool:
 
 
 def _kind(node: fx.Node) -> str | None:
-    """ "view" (shares memory with its input), "copy" (a fresh copy) or None."""
+    """ "dropout" (returns its input itself), "view" (shares memory with its input), "copy"
+    (a fresh copy) or None."""
     if _dropout_off(node):
-        return "view"
+        return "dropout"
     packet = _packet(node)
     if packet in _ATEN_VIEWS:
         return "view" if not node.kwargs.get("copy", False) else "copy"
@@ -125,7 +126,7 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
                 continue
             info = info or AliasInfo(gm.graph)
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
-        elif _dropout_off(node):  # returns its input itself, whatever the metadata says
+        elif kind == "dropout":  # returns its input itself, whatever the metadata says
             ok = not input_becomes_output(node, src)
         else:
             ok = view_is_replaceable(node, src)
