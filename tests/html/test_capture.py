@@ -34,6 +34,20 @@ def test_what_a_pass_changed():
     assert {"new", "context"} <= statuses
 
 
+def test_fixpoint_rounds_that_changed_nothing_are_not_summarized(monkeypatch):
+    from fxpass.html import capture
+
+    gm = tiny_gm()
+    calls = []
+    real = capture.summarize
+    monkeypatch.setattr(capture, "summarize", lambda g: calls.append(1) or real(g))
+    rec = GraphRecorder()
+    fp.Pipeline([fp.fixpoint("cse")]).run(gm, instrument=[rec])
+    # before the run, after round 1 (changed); round 2 changed nothing and is skipped
+    assert len(calls) == 2
+    assert [c.name for c in rec.changes] == ["cse"]
+
+
 def test_nodes_are_matched_by_provenance():
     """A node re-created under a new name (an interpreter pass) is the same node."""
     gm = tiny_gm()

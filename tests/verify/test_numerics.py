@@ -113,6 +113,20 @@ def test_numerics_check_names_the_first_diverging_pass():
     assert "pass 'planted_passes:add_as_sub_neg' diverges: output 0 at [" in str(first)
 
 
+def test_numerics_check_skips_fixpoint_rounds_that_changed_nothing(monkeypatch):
+    from fxpass.verify import numerics
+
+    gm, inputs = graph_and_inputs()
+    checked = []
+    real = numerics.check_graph
+    monkeypatch.setattr(numerics, "check_graph", lambda *a, **k: checked.append(1) or real(*a, **k))
+    check = NumericsCheck(inputs)
+    fp.Pipeline([fp.fixpoint("cse")]).run(gm, inputs, instrument=[check])
+    # round 1 changes the graph, round 2 does not (its record stays modified)
+    assert [r.name for r in check.results] == ["cse"] and len(checked) == 1
+    assert check.ok
+
+
 def test_numerics_check_can_stop_the_run():
     gm, inputs = graph_and_inputs()
     nodes = len(gm.graph.nodes)

@@ -504,7 +504,9 @@ class GraphRecorder(Instrumentation):
         self._last = summarize(gm)
 
     def after_pass(self, record, gm, ctx):
-        if record.children or not record.modified or self._last is None:
+        # ctx.changed, not record.modified: a later round of a fixpoint that changed nothing
+        # this time has nothing to diff
+        if record.children or not ctx.changed or self._last is None:
             return
         now = summarize(gm)
         change = diff_summaries(

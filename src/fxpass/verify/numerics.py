@@ -26,7 +26,6 @@ from torch.utils import _pytree as pytree
 
 from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
-from ..core.snapshot import fingerprint, same_fingerprint
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -640,7 +639,6 @@ class NumericsCheck(Instrumentation):
         self.truth: list[Any] | None = None
         self.results: list[PassNumerics] = []
         self._inputs: list[Any] = []
-        self._fp: Any = None
 
     @property
     def first_divergence(self) -> PassNumerics | None:
@@ -670,15 +668,12 @@ class NumericsCheck(Instrumentation):
                 "cannot verify numerics: the input graph does not run on the sample inputs "
                 f"({type(e).__name__}: {first})"
             ) from e
-        self._fp = fingerprint(gm)
 
     def after_pass(self, record, gm, ctx):
-        if record.children or not record.modified or self.reference is None:
+        # ctx.changed, not record.modified: a later round of a fixpoint that changed nothing
+        # this time has nothing new to check
+        if record.children or not ctx.changed or self.reference is None:
             return
-        fp = fingerprint(gm)
-        if self._fp is not None and same_fingerprint(self._fp, fp):
-            return  # a later run of a fixpoint pass that changed nothing this time
-        self._fp = fp
         cmp = check_graph(
             self.reference,
             gm,
