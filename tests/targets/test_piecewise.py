@@ -121,3 +121,17 @@ def test_bad_split_requests_say_what_to_do():
         split_predicate("aten.nope.default")
     with pytest.raises(ValueError, match="use 'attention'"):
         split_predicate("attn")
+
+
+def test_split_predicate_matches_overloads_packets_and_functions():
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    mm = g.call_function(aten.mm.default, (x, x))
+    add = g.call_function(aten.add.Tensor, (mm, x))
+    relu = g.call_function(torch.relu, (add,))
+    method = g.call_method("relu", (relu,))
+    g.output(method)
+    assert [n for n in g.nodes if split_predicate(aten.mm.default)(n)] == [mm]
+    assert [n for n in g.nodes if split_predicate("aten.add")(n)] == [add]
+    assert [n for n in g.nodes if split_predicate([torch.relu, aten.add, 3])(n)] == [add, relu]
+    assert not any(map(split_predicate(SDPA), g.nodes))

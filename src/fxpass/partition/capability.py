@@ -39,14 +39,12 @@ import torch
 from torch import fx
 
 from .base import Partition
-from .support import OperatorSupportBase, parse_support, resolve_op
+from .support import _CALLABLE_OPS, OperatorSupportBase, parse_support, resolve_op
 
 __all__ = ["DEFAULT_NON_COMPUTE_OPS", "capability_partitions", "op_matcher"]
 
 #: Ops that never count as compute (torch's defaults, matched here by op packet).
 DEFAULT_NON_COMPUTE_OPS: tuple[str, ...] = ("torch.ops.aten.view", "_operator.getitem")
-
-_CALLABLE_OPS = ("call_function", "call_module", "call_method")
 
 NodePredicate = Callable[[fx.Node], bool]
 
@@ -82,32 +80,33 @@ def op_matcher(ops: Iterable[Any] | None) -> NodePredicate:
     ``_operator.getitem``, ``getitem``); a packet name matches all of its overloads.
     """
     names = frozenset(_canonical(op) for op in ops or ())
-    cache: dict[Any, bool] = {}
-
-    def matches(node: fx.Node) -> bool:
-        if node.op != "call_function" or not names:
-            return False
-        target = node.target
-        hit = cache.get(target)
-        if hit is None:
-            packet = _packet_name(target)
-            hit = cache[target] = _qualified(target) in names or packet in names
-        return hit
-
-    return matches
+    if not names:
+        return _never
+    return _name_matcher(names, packets=True)
 
 
 def _torch_name_matcher(names: Iterable[str]) -> NodePredicate:
     """torch's matching: the qualified name of the target, compared as a string."""
-    names = frozenset(names)
+    return _name_matcher(frozenset(names), packets=False)
+
+
+def _never(node: fx.Node) -> bool:
+    return False
+
+
+def _name_matcher(names: frozenset[str], *, packets: bool) -> NodePredicate:
+    """Does a ``call_function`` node's target have one of ``names`` as its qualified name
+    (or, with ``packets``, as the name of its op packet)? Answers are cached per target."""
     cache: dict[Any, bool] = {}
 
     def matches(node: fx.Node) -> bool:
         if node.op != "call_function":
             return False
-        hit = cache.get(node.target)
+        target = node.target
+        hit = cache.get(target)
         if hit is None:
-            hit = cache[node.target] = _qualified(node.target) in names
+            hit = _qualified(target) in names or (packets and _packet_name(target) in names)
+            cache[target] = hit
         return hit
 
     return matches

@@ -85,21 +85,18 @@ def split_predicate(at: Any) -> Callable[[fx.Node], bool]:
     """Turn what ``at=`` accepts into a predicate on nodes."""
     if callable(at) and not _is_op(at):
         return at  # already a predicate
+    from ..partition.support import op_support
+
     items = [at] if isinstance(at, str) or _is_op(at) else list(at)
-    exact: set[Any] = set()
-    packets: set[Any] = set()
+    ops: list[Any] = []
     for item in items:
         resolved = _resolve_op(item) if isinstance(item, str) else item
-        for op in resolved if isinstance(resolved, tuple) else (resolved,):
-            (packets if isinstance(op, torch._ops.OpOverloadPacket) else exact).add(op)
+        ops.extend(resolved if isinstance(resolved, tuple) else (resolved,))
+    # what calls no function can be no call_function's target: op_support would refuse it
+    support = op_support([op for op in ops if callable(op)])
 
     def predicate(node: fx.Node) -> bool:
-        if node.op != "call_function":
-            return False
-        target = node.target
-        if target in exact:
-            return True
-        return getattr(target, "overloadpacket", None) in packets
+        return node.op == "call_function" and support.is_node_supported({}, node)
 
     return predicate
 
