@@ -34,7 +34,7 @@ from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPattern
 from ..core.context import ChangeEvent, current_context
 from ..rewrite._state import MISSING, MatchState
 from ..rewrite.metadata import MetaPropagator
-from ..rewrite.order import TopoOrder, find_cycle
+from ..rewrite.order import TopoOrder, _sort_key, find_cycle
 from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, _Module, _show, mark_shared
 from ..rewrite.rewriter import Rewriter, _fast_eraser, new_node
 
@@ -571,8 +571,8 @@ class _Surgeon:
         for n in match.returning_nodes:
             users.update(n.users)
         if users:
-            return min(users, key=_position)
-        last = max(match.returning_nodes, key=_position)
+            return min(users, key=_sort_key)
+        last = max(match.returning_nodes, key=_sort_key)
         return last.next
 
     def _copy(self, replacement: Graph, val_map: dict[Node, Any]) -> Any:
@@ -608,10 +608,6 @@ class _Surgeon:
             pass_name=self.rw.pass_name,
             location="",
         )
-
-
-def _position(n: Node) -> Any:
-    return n._sort_key
 
 
 def _between(before: Node, anchor: Node) -> list[Node]:

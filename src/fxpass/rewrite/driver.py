@@ -28,6 +28,7 @@ from ..core.context import current_context
 from ..core.errors import NonConvergenceError
 from ._state import MatchState
 from .match import Matcher, RuleStats, _make_match
+from .order import _sort_key
 from .rewriter import Rewriter
 from .rule import Rule, RuleSet, as_rule
 
@@ -168,8 +169,6 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
 
 def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
     """The nodes some rule is rooted at, in graph order, from torch's op lookup table."""
-    if not hasattr(graph, "find_nodes") or not hasattr(Node, "_sort_key"):
-        return None
     found: list[Node] = []
     methods = set()
     for key in matcher._by_key:
@@ -185,10 +184,6 @@ def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
         found.extend(n for n in graph.find_nodes(op="call_method") if n.target in methods)
     found.sort(key=_sort_key)
     return found
-
-
-def _sort_key(n: Node) -> Any:
-    return n._sort_key
 
 
 def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: str) -> None:

@@ -2,10 +2,10 @@
 
 Every change goes through :class:`Rewriter`, which asks the pipeline's context before each
 rewrite (``ctx.allow()``: a debug counter may say no, which is how bisection stops after the
-k-th rewrite), builds the replacement, fills in metadata, rewires and erases, tells the
-instrumentation (``ctx.notify``), and keeps the topological positions current. A match is
-validated completely before anything changes, and a replacement that raises or declines
-leaves the graph as it was: no rewrite is ever half-applied.
+k-th rewrite), builds the replacement, fills in metadata, rewires and erases, and tells the
+instrumentation (``ctx.notify``). A match is validated completely before anything changes,
+and a replacement that raises or declines leaves the graph as it was: no rewrite is ever
+half-applied.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..core.errors import FxpassError
 from ._location import short
 from .match import Match, RuleStats
 from .metadata import MetaPropagator
-from .order import TopoOrder, users_before
+from .order import TopoOrder, _sort_key, users_before
 
 __all__ = ["RewriteError", "Rewriter"]
 
@@ -114,7 +114,7 @@ def new_node(
 
 
 class Rewriter:
-    """Applies matches to one graph. Create one per run; it keeps a topological index.
+    """Applies matches to one graph. Create one per run.
 
     ``pass_name`` is recorded in the provenance of new nodes (default: the running pass).
     """
@@ -135,7 +135,7 @@ class Rewriter:
 
     # ----- the topological index -------------------------------------------------------
     def order(self) -> TopoOrder:
-        """Positions of the graph's nodes (built on first use, then kept current)."""
+        """Positions of the graph's nodes (torch's sort keys, which torch keeps current)."""
         if self._order is None:
             self._order = TopoOrder(self.graph)
         return self._order
@@ -182,14 +182,11 @@ class Rewriter:
                 old.replace_all_uses_with(
                     value, delete_user_cb=lambda u: u not in new_set, propagate_meta=False
                 )
-        erased = self._erase_dead([*match.dropped, *match.nodes])
+        self._erase_dead([*match.dropped, *match.nodes])
         unused = [n for n in new if not n.users and not n.is_impure()]
         if unused:  # e.g. a fused op's second result when the old value had no other reader
-            erased += self._erase_dead(unused)
+            self._erase_dead(unused)
             new = [n for n in new if not n._erased]
-        if self._order is not None:
-            self._order.forget(erased)
-            self._order.place(new + movers)
         self.rewrites += 1
         self.created = new
         if stats is not None:
@@ -207,9 +204,7 @@ class Rewriter:
         ctx = self.ctx
         if ctx is not None and not ctx.allow():
             return False
-        erased = self._erase_dead([node])
-        if self._order is not None:
-            self._order.forget(erased)
+        self._erase_dead([node])
         self.rewrites += 1
         if ctx is not None:
             ctx.notify(ChangeEvent("erase", rule, [node], [], 0, location))
@@ -286,12 +281,7 @@ class Rewriter:
     def _erase_dead(self, nodes: Iterable[Node]) -> list[Node]:
         """Erase the nodes (users first) that nothing uses any more; returns them."""
         todo = [n for n in nodes if not n._erased]
-        if hasattr(Node, "_sort_key"):
-            todo.sort(key=_sort_key, reverse=True)
-        elif self._order is not None:
-            todo.sort(key=self._order.__getitem__, reverse=True)
-        else:
-            todo = _reverse_topological(todo)
+        todo.sort(key=_sort_key, reverse=True)
         out = []
         graph = self.graph
         fast = _fast_eraser(graph)
@@ -303,10 +293,6 @@ class Rewriter:
                     graph.erase_node(n)
                 out.append(n)
         return out
-
-
-def _sort_key(n: Node) -> Any:
-    return n._sort_key
 
 
 def _none(_: Node) -> None:
@@ -356,27 +342,3 @@ def _between(before: Node, anchor: Node) -> list[Node]:
         out.append(n)
         n = n.next
     return out
-
-
-def _reverse_topological(nodes: list[Node]) -> list[Node]:
-    """``nodes`` ordered so every node comes before the nodes it uses (among ``nodes``)."""
-    inside = set(nodes)
-    out: list[Node] = []
-    done: set[Node] = set()
-
-    def visit(n: Node) -> None:
-        stack = [(n, False)]
-        while stack:
-            x, expanded = stack.pop()
-            if x in done:
-                continue
-            if expanded:
-                done.add(x)
-                out.append(x)
-                continue
-            stack.append((x, True))
-            stack.extend((u, False) for u in x.users if u in inside and u not in done)
-
-    for n in nodes:
-        visit(n)
-    return out  # a node is appended only after all its users: users come first
