@@ -33,10 +33,9 @@ from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPattern
 
 from ..core.context import ChangeEvent, current_context
 from ..rewrite._state import MISSING, MatchState
-from ..rewrite.metadata import MetaPropagator
 from ..rewrite.order import TopoOrder, _sort_key, find_cycle
 from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, _Module, _show, mark_shared
-from ..rewrite.rewriter import Rewriter, _fast_eraser, new_node
+from ..rewrite.rewriter import Rewriter, _between, new_node
 
 __all__ = [
     "InternalMatch",
@@ -509,8 +508,6 @@ class _Surgeon:
         ctx = current_context()
         in_pass = ctx.pass_path[-1] if ctx is not None and ctx.pass_path else None
         self.rw = Rewriter(gm, pass_name=in_pass or "replace_pattern")
-        self.meta = MetaPropagator()
-        self.erase = _fast_eraser(self.graph)
 
     def replace(self, match: InternalMatch, replacement: Graph) -> ReplacedPatterns | None:
         ctx = self.rw.ctx
@@ -540,14 +537,14 @@ class _Surgeon:
             gn.replace_all_uses_with(copied)
             self.changed[gn] = copied
         old = [match.nodes_map[n] for n in self.pattern_nodes]
+        erase = self.rw.fast_erase
         for gn in old:
-            if gn.users or self.erase is None:
+            if gn.users or erase is None:
                 self.graph.erase_node(gn)  # raises as torch does if still used
             else:
-                self.erase(gn)
+                erase(gn)
         if ctx is not None:
             ctx.notify(ChangeEvent("replace", "replace_pattern", old, new, 0, ""))
-        self.rw.rewrites += 1
         return ReplacedPatterns(
             anchor=match.anchors[0], nodes_map=match.nodes_map, replacements=replacements
         )
@@ -597,8 +594,9 @@ class _Surgeon:
         for n in new:
             for key in ("val", "tensor_meta", "example_value"):
                 n.meta.pop(key, None)
-        self.meta.values(new, donors, root)
-        self.meta.provenance(
+        meta = self.rw.meta
+        meta.values(new, donors, root)
+        meta.provenance(
             new,
             donors,
             root,
@@ -608,14 +606,6 @@ class _Surgeon:
             pass_name=self.rw.pass_name,
             location="",
         )
-
-
-def _between(before: Node, anchor: Node) -> list[Node]:
-    out, n = [], before.next
-    while n is not anchor:
-        out.append(n)
-        n = n.next
-    return out
 
 
 def _replace_attributes(gm: GraphModule, replacement: torch.nn.Module) -> None:

@@ -130,6 +130,7 @@ class Rewriter:
         self._order: TopoOrder | None = None
         self._tracer = _Tracer(self.graph)
         self.meta = MetaPropagator()
+        self.fast_erase = _fast_eraser(self.graph)  # None: use graph.erase_node
         self.rewrites = 0
         self.created: list[Node] = []  # new nodes of the last rewrite
 
@@ -284,7 +285,7 @@ class Rewriter:
         todo.sort(key=_sort_key, reverse=True)
         out = []
         graph = self.graph
-        fast = _fast_eraser(graph)
+        fast = self.fast_erase
         for n in todo:
             if not n.users and not n._erased:
                 if fast is not None:
