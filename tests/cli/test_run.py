@@ -143,3 +143,15 @@ def test_fxgraph_target_round_trip(work: Path):
     gm, _ = load_graph(work / "tiny.fxgraph")
     gm2, inputs = load_graph(work / "g2.fxgraph")
     assert len(gm2.graph.nodes) < len(gm.graph.nodes) and inputs is not None
+
+
+def test_verify_finds_a_divergence_in_a_graph_module(work: Path):
+    r = fxpass("run", "tiny.fxgraph", "-p", "cse,planted_passes:add_as_sub_neg", "--verify",
+               "-o", "g2.fxgraph", "--json", cwd=work)  # fmt: skip
+    assert r.code == 4, r.err
+    data = json.loads(r.out)
+    assert not data["ok"] and not data["numerics"]["final"]["ok"]
+    assert [p["pass"] for p in data["numerics"]["passes"]] == ["cse", "add_as_sub_neg"]
+    assert data["numerics"]["first_divergence"]["pass"] == "add_as_sub_neg"
+    assert "numerics diverged; g2.fxgraph not written" in one_line_error(r)
+    assert not (work / "g2.fxgraph").exists()

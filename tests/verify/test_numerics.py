@@ -127,6 +127,25 @@ def test_numerics_check_skips_fixpoint_rounds_that_changed_nothing(monkeypatch):
     assert check.ok
 
 
+def test_numerics_check_reuses_outputs_the_caller_already_has(monkeypatch):
+    from fxpass.verify import numerics
+
+    gm, inputs = graph_and_inputs()
+    reference = run_graph(gm, inputs)
+    runs = []
+    real = numerics.run_graph_promoted
+    monkeypatch.setattr(numerics, "run_graph_promoted", lambda *a: runs.append(1) or real(*a))
+    check = NumericsCheck(inputs, reference=reference, truth=None)
+    fp.Pipeline.parse("cse,planted_passes:add_as_sub_neg").run(gm, inputs, instrument=[check])
+    assert runs == [] and check.reference == reference
+    assert [r.ok for r in check.results] == [True, False]
+    # other inputs than the given ones: the check runs the original itself
+    gm, inputs = graph_and_inputs()
+    check = NumericsCheck(reference=reference, truth=None)
+    fp.Pipeline(["cse"]).run(gm, inputs, instrument=[check])
+    assert runs == [1] and check.ok
+
+
 def test_numerics_check_can_stop_the_run():
     gm, inputs = graph_and_inputs()
     nodes = len(gm.graph.nodes)

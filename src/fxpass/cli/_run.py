@@ -31,13 +31,17 @@ def spec_error_line(e: Any) -> str:
 
 
 def user_inputs(target: Target) -> list[Any]:
-    """The inputs the user's program takes: given, stored, or made from ``meta['val']``."""
+    """The inputs the user's program takes: given, stored, or made from ``meta['val']``
+    (worked out once per target)."""
     from ..verify.numerics import sample_inputs_from_meta
 
-    if target.args is not None:
-        return list(target.args)
-    gm = target.program.module() if target.is_exported else target.program
-    return sample_inputs_from_meta(gm)
+    if target.inputs is None:
+        if target.args is not None:
+            target.inputs = list(target.args)
+        else:
+            gm = target.program.module() if target.is_exported else target.program
+            target.inputs = sample_inputs_from_meta(gm)
+    return list(target.inputs)
 
 
 def graph_inputs(target: Target) -> list[Any]:

@@ -40,6 +40,8 @@ class Target:
     program: Any
     args: list[Any] | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: the user inputs once worked out (see ``_run.user_inputs``)
+    inputs: list[Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_exported(self) -> bool:

@@ -197,10 +197,14 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
         from ..verify.numerics import NumericsCheck, output_names
 
         names = output_names(t.program) if t.is_exported else None
-        check = NumericsCheck(graph_inputs(t), rtol=rtol, atol=atol, names=names)
-        instruments.append(check)
+        inputs = graph_inputs(t)
         reference = evaluate(t.program, t)
         truth = evaluate_promoted(t.program, t)
+        # a GraphModule's outputs on its inputs are what the check would compute again; an
+        # exported program's graph also returns mutated buffers, which module() does not
+        known = {} if t.is_exported else {"reference": reference, "truth": truth}
+        check = NumericsCheck(inputs, rtol=rtol, atol=atol, names=names, **known)
+        instruments.append(check)
     recorder = _html_recorder(html, t, spec, check)
     if recorder is not None:
         instruments.append(recorder)

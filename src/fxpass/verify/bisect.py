@@ -241,7 +241,14 @@ def bisect(
     say = on_step or (lambda _msg: None)
     spec = str(pipe)
 
-    check = NumericsCheck(subject.inputs, rtol=rtol, atol=atol, names=subject.names)
+    check = NumericsCheck(
+        subject.inputs,
+        rtol=rtol,
+        atol=atol,
+        names=subject.names,
+        reference=subject.reference,  # every run works on a copy of subject.gm
+        truth=subject.truth,
+    )
     probe = _Probe()
     say("full run, checking numerics after every pass")
     final_gm = subject.run(pipe, instrument=[check], debug_counter=probe)

@@ -372,9 +372,15 @@ def run_graph_promoted(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any] |
     ) or any(isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION for x in inputs)
     if not low:
         return None
+    # copies, as run_graph makes: a graph that writes to an input must not change the
+    # caller's (promoted tensors are copies already)
+    args = [
+        x.clone() if isinstance(x, torch.Tensor) and x.dtype not in _LOW_PRECISION else x
+        for x in inputs
+    ]
     try:
         with torch.no_grad():
-            return pytree.tree_leaves(_Promoted(gm).run(*inputs))
+            return pytree.tree_leaves(_Promoted(gm).run(*args))
     except Exception:
         return None
 
@@ -620,6 +626,11 @@ class NumericsCheck(Instrumentation):
     placeholders' ``meta['val']``. With ``raise_on_divergence`` the first divergence fails
     the run (it rolls back); otherwise read :attr:`results` / :attr:`first_divergence`.
     ``names`` label the flat outputs (for an exported program: :func:`output_names`).
+
+    A caller that has already run the input graph on ``inputs`` gives its flat outputs as
+    ``reference`` (:func:`run_graph`) and ``truth`` (:func:`run_graph_promoted`, None when
+    there is none), and the graph is not run again for them. They are used only when the run
+    takes ``inputs``; with other inputs the check computes its own.
     """
 
     def __init__(
@@ -630,11 +641,18 @@ class NumericsCheck(Instrumentation):
         atol: float | None = None,
         raise_on_divergence: bool = False,
         names: Sequence[str] | None = None,
+        reference: Sequence[Any] | None = None,
+        truth: Sequence[Any] | None = None,
     ) -> None:
         self.inputs = list(inputs) if inputs is not None else None
         self.rtol, self.atol = rtol, atol
         self.raise_on_divergence = raise_on_divergence
         self.names = list(names) if names is not None else None
+        self._known = (
+            (list(reference), list(truth) if truth is not None else None)
+            if reference is not None
+            else None
+        )
         self.reference: list[Any] | None = None
         self.truth: list[Any] | None = None
         self.results: list[PassNumerics] = []
@@ -659,6 +677,9 @@ class NumericsCheck(Instrumentation):
             else (sample_inputs_from_meta(gm))
         )
         self.results = []
+        if self._known is not None and self._inputs is self.inputs:
+            self.reference, self.truth = self._known
+            return
         try:
             self.reference = run_graph(gm, self._inputs)
             self.truth = run_graph_promoted(gm, self._inputs)
