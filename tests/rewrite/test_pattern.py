@@ -108,6 +108,28 @@ def test_op_sets_cover_aten_torch_and_methods():
     assert len(_matches(packet, gm)) == 1
 
 
+def test_exact_ops_compare_targets_and_operand_order_as_torch_does():
+    graph = torch.fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    calls = [
+        graph.call_function(aten.mul, (a, b)),  # the packet itself
+        graph.call_function(aten.mul.Tensor, (a, b)),  # one of its overloads
+        graph.call_function(aten.mul, (b, a)),  # operands swapped
+    ]
+    graph.output(tuple(calls))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    x, y = P.var("x"), P.var("y")
+    for pattern, hits in [
+        (P(aten.mul, x, y), calls[1:2]),  # the packet's overloads
+        (P.exact(aten.mul, x, y), calls[:1] + calls[2:]),  # the packet itself
+    ]:
+        assert explain(Rule(pattern, lambda x, y: None), gm).matches == hits
+    same = Rule(P.exact(aten.mul, x, x), lambda x: None)
+    assert not explain(same, gm).matches
+    first_a = P.exact(aten.mul, P.var("x", where=lambda v: v is a), y)
+    assert explain(Rule(first_a, lambda x, y: None), gm).matches == calls[:1]
+
+
 def test_schema_defaults_and_free_rest():
     gm = exported_gm(remove_asserts=True)
     strict = Rule(P(aten._to_copy.default, P.var("x")), lambda x: None)  # dtype left out

@@ -182,14 +182,8 @@ def _convert(pattern: Graph, match_placeholder: bool, match_output: bool) -> dic
                 pats[n] = _Kind("output", Seq(everything), n.name)
         else:
             target = _Module(n.target) if n.op == "call_module" else n.target
-            p = P(target, *(arg(a) for a in n.args), **{k: arg(v) for k, v in n.kwargs.items()})
-            if isinstance(target, torch._ops.OpOverloadPacket):  # torch compares targets exactly
-                p.fns, p.fn_ids, p.packets = (
-                    frozenset([target]),
-                    frozenset([id(target)]),
-                    frozenset(),
-                )
-            p.commutative = False
+            args = [arg(a) for a in n.args]
+            p = P.exact(target, *args, **{k: arg(v) for k, v in n.kwargs.items()})
             p.name = n.name
             p.location = ""
             pats[n] = p

@@ -782,6 +782,18 @@ class P(Pattern):
         return p
 
     @staticmethod
+    def exact(op: Any, *args: Any, **kwargs: Any) -> P:
+        """``op(*args, **kwargs)`` compared as torch's matcher compares nodes: the target is
+        ``op`` itself (an op packet matches only nodes calling the packet, not its
+        overloads) and the operands are in the given order (no commutative swap)."""
+        p = P(op, *args, **kwargs)
+        if isinstance(op, _OpOverloadPacket):
+            p.fns, p.fn_ids, p.packets = frozenset([op]), frozenset([id(op)]), frozenset()
+        p.commutative = False
+        p.location = caller_location()
+        return p
+
+    @staticmethod
     def cast(x: Any, dtype: Any = None, *, optional: bool = False) -> Pattern:
         """``x`` converted to ``dtype`` (any dtype if None) by any cast op; or ``x`` itself
         when ``optional``. Only pure dtype conversions match (same shape and device)."""
