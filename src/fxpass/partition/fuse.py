@@ -43,6 +43,8 @@ import torch
 from torch import fx
 
 from ..core.errors import FxpassError
+from ..rewrite.order import _sort_key
+from ..targets._util import release_name
 from .base import Partition, find_cycle
 
 __all__ = [
@@ -104,7 +106,6 @@ def fuse_partitions(
         )
     groups = [list(getattr(p, "nodes", p)) for p in partitions]
     _check(gm, groups)
-    position: dict[fx.Node, float] = {n: float(i) for i, n in enumerate(gm.graph.nodes)}
     names = _free_names(gm, prefix, len(groups))
     if mode == "delegate" and delegate is None:
         delegate = _invoke_subgraph()
@@ -112,8 +113,8 @@ def fuse_partitions(
     for index, nodes in enumerate(groups):
         if not nodes:
             continue
-        nodes = sorted(nodes, key=position.__getitem__)
-        fused = _Fusion(gm, nodes, names[index], position, input_order)
+        nodes = sorted(nodes, key=_sort_key)  # graph order (torch keeps the keys up to date)
+        fused = _Fusion(gm, nodes, names[index], input_order)
         fused.build(mode == "delegate" or always_return_tuple)
         out_of_order |= fused.insert(mode, delegate, index)
     if out_of_order:
@@ -160,28 +161,18 @@ def _free_names(gm: fx.GraphModule, prefix: str, count: int) -> list[str]:
 class _Fusion:
     """One partition being moved into a submodule."""
 
-    def __init__(self, gm, nodes, name, position, input_order) -> None:
+    def __init__(self, gm, nodes, name, input_order) -> None:
         self.gm = gm
         self.nodes = nodes
-        self.members = set(nodes)
+        self.members = Partition(nodes=nodes)  # in graph order
         self.name = name
-        self.position = position
         self.input_order = input_order
-
-    def _inputs(self) -> list[fx.Node]:
-        seen: dict[fx.Node, None] = {}
-        for node in self.nodes:
-            for arg in node.all_input_nodes:
-                if arg not in self.members:
-                    seen[arg] = None
-        inputs = list(seen)
-        if self.input_order == "graph":
-            inputs.sort(key=self.position.__getitem__)
-        return inputs
 
     def build(self, as_tuple: bool) -> None:
         sub = fx.Graph()
-        self.inputs = self._inputs()
+        self.inputs = self.members.inputs
+        if self.input_order == "graph":
+            self.inputs.sort(key=_sort_key)
         env: dict[fx.Node, fx.Node] = {}
         for x in self.inputs:
             ph = sub.placeholder(x.name, type_expr=x.type)
@@ -189,7 +180,7 @@ class _Fusion:
             env[x] = ph
         for node in self.nodes:
             env[node] = sub.node_copy(node, env.__getitem__)
-        self.outputs = [n for n in self.nodes if any(u not in self.members for u in n.users)]
+        self.outputs = self.members.outputs
         results = tuple(env[n] for n in self.outputs)
         self.tuple_output = as_tuple or len(results) != 1
         sub.output(results if self.tuple_output else results[0])
@@ -206,8 +197,6 @@ class _Fusion:
                 attr = graph.get_attr(self.name)
                 args = (attr, self.name) if delegate is _invoke_subgraph() else (attr,)
                 call = graph.call_function(delegate, (*args, *self.inputs))
-                self.position[attr] = self.position[last] + 0.25
-        self.position[call] = self.position[last] + 0.5
         call.meta.update(self._call_meta(index))
         out_of_order = self._rewire(call)
         for node in reversed(self.nodes):
@@ -236,7 +225,7 @@ class _Fusion:
 
     def _rewire(self, call: fx.Node) -> bool:
         """Point the outputs' users at the call; True if a user now precedes it."""
-        graph, base = self.gm.graph, self.position[call]
+        graph = self.gm.graph
         replacements: list[tuple[fx.Node, fx.Node]] = []
         if not self.tuple_output:
             replacements.append((self.outputs[0], call))
@@ -244,12 +233,11 @@ class _Fusion:
             with graph.inserting_before(call.next):
                 for i, orig in enumerate(self.outputs):
                     getter = graph.call_function(operator.getitem, (call, i))
-                    self.position[getter] = base + 0.5 * (i + 1) / (len(self.outputs) + 1)
                     replacements.append((orig, getter))
         out_of_order = False
         for orig, new in replacements:
             for user in orig.users:
-                if user not in self.members and self.position[user] < self.position[new]:
+                if user not in self.members and _sort_key(user) < _sort_key(new):
                     out_of_order = True
             meta = dict(new.meta)
             new.meta = {**orig.meta, **meta} if new is call else dict(orig.meta)
@@ -356,15 +344,6 @@ def _inline(gm: fx.GraphModule, call: fx.Node, name: str) -> None:
     live = {n.name for n in graph.nodes}
     for node, original in copies:
         if node.name != original and original not in live:
-            _free_name(graph, original)
+            release_name(graph, original)
             node._rename(original)
             live.add(original)
-
-
-def _free_name(graph: fx.Graph, name: str) -> None:
-    # Erased nodes keep their names reserved in the graph's namespace; release one so the
-    # inlined node can take its original name back (best effort on torch's private state).
-    namespace = getattr(graph, "_graph_namespace", None)
-    used = getattr(namespace, "_used_names", None)
-    if isinstance(used, set):
-        used.discard(name)

@@ -53,6 +53,7 @@ from torch.export.graph_signature import (
 
 from ..core.context import scoped
 from ..core.errors import FxpassError
+from ._util import release_name
 
 __all__ = [
     "ProgramContext",
@@ -478,8 +479,7 @@ def _restore_placeholder(ep, graph: fx.Graph, spec: InputSpec, anchor) -> fx.Nod
     with ctx:
         node = graph.placeholder(old.name)
     if node.name != old.name and all(n.name != old.name for n in graph.nodes):
-        # the erased placeholder still holds its name in the namespace: give it back
-        graph._graph_namespace._used_names.discard(old.name)
+        release_name(graph, old.name)  # the erased placeholder's name: give it back
         node._rename(old.name)
     node.target = old.target
     node.meta.update(old.meta)
