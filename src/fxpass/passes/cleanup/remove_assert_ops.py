@@ -9,13 +9,15 @@ from torch.fx import Node
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...rewrite.rewriter import Rewriter
+from ...rewrite.rule import DROPPABLE_USERS
 
 __all__ = ["METADATA_ASSERTS", "SHAPE_ASSERTS", "remove_assert_ops"]
 
 aten = torch.ops.aten
 
-#: Checks of a tensor's dtype/device/layout that export adds after ``.to()``/``.float()``.
-METADATA_ASSERTS = frozenset([aten._assert_tensor_metadata.default])
+#: Checks of a tensor's dtype/device/layout that export adds after ``.to()``/``.float()``:
+#: the users of inner nodes that rules erase with a match.
+METADATA_ASSERTS = DROPPABLE_USERS
 
 #: Runtime checks of symbolic-shape conditions, and range hints for unbacked sizes.
 SHAPE_ASSERTS = frozenset(
