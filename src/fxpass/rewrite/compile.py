@@ -35,9 +35,6 @@ class CompiledMatcher:
         self.fn = fn
         self.source = source
 
-    def __call__(self, node: Node, st: Any, final: Callable[[Any], bool]) -> bool:
-        return self.fn(node, st, final)
-
 
 def _supported(p: Pattern) -> bool:
     for q in p.walk():
