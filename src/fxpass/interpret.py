@@ -45,6 +45,7 @@ from torch.utils import _pytree as pytree
 from .core.context import ChangeEvent, current_context
 from .core.contract import Pass, PassResult
 from .rewrite.metadata import COPIED_META, node_sources, provenance_record
+from .targets._util import get_path
 
 __all__ = ["ExportPass", "InterpreterPass", "ProxyValue", "map_args"]
 
@@ -412,19 +413,12 @@ class InterpreterPass(Pass):
         root: dict[str, Any] = dict(self._constants)
         for n in self._graph.nodes:
             if n.op in ("get_attr", "call_module") and n.target not in root:
-                root[n.target] = _resolve(gm, str(n.target))
+                root[n.target] = get_path(gm, str(n.target))
         graph = self._graph
         graph._co_fields = dict(getattr(gm.graph, "_co_fields", {}))
         new = fx.GraphModule(root, graph, class_name=type(gm).__name__)
         new.meta = dict(gm.meta)
         return new
-
-
-def _resolve(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 #: ExecuTorch's name for the same base class, for code migrating from ``exir.pass_base``.

@@ -36,6 +36,7 @@ import torch
 from torch import fx, nn
 
 from ..core.errors import SpecError
+from ..targets._util import find_path
 
 __all__ = [
     "NAMED_SUPPORTS",
@@ -159,12 +160,7 @@ def _import_path(text: str) -> Any:
             module, _, head = module.rpartition(".")
             attr = f"{head}.{attr}"
             continue
-        try:
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-            return obj
-        except AttributeError:
-            return None
+        return find_path(obj, attr)
     return None
 
 

@@ -53,7 +53,7 @@ from torch.export.graph_signature import (
 
 from ..core.context import scoped
 from ..core.errors import FxpassError
-from ._util import release_name
+from ._util import del_path, find_path, release_name
 
 __all__ = [
     "ProgramContext",
@@ -220,9 +220,7 @@ def value_of(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
     """The tensor a node stands for when it is a constant: a ``get_attr`` of a tensor, or a
     parameter / buffer / constant placeholder of the ExportedProgram being transformed."""
     if node.op == "get_attr":
-        obj: Any = gm
-        for part in str(node.target).split("."):
-            obj = getattr(obj, part, None)
+        obj = find_path(gm, str(node.target))
         return obj if isinstance(obj, torch.Tensor) else None
     if node.op == "placeholder":
         ctx = program_context()
@@ -429,16 +427,8 @@ def _lift_constants(gm: fx.GraphModule, ctx: ProgramContext) -> list[InputSpec]:
         node.replace_all_uses_with(lifted[target])
         graph.erase_node(node)
     for target in lifted:
-        _delattr(gm, target)
+        del_path(gm, target)
     return specs
-
-
-def _delattr(gm: fx.GraphModule, target: str) -> None:
-    *path, last = target.split(".")
-    owner: Any = gm
-    for part in path:
-        owner = getattr(owner, part)
-    delattr(owner, last)
 
 
 def _reconcile_inputs(ep, ctx, graph: fx.Graph, new_constants: list[InputSpec]):

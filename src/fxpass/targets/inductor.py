@@ -39,6 +39,7 @@ from torch import fx
 from ..core.contract import FunctionPass, ObjectPass, Pass
 from ..core.pipeline import Pipeline
 from ..core.report import Report
+from ._util import get_path, has_path
 from .apply import resolve_pipeline
 
 __all__ = ["HOOKS", "InductorPass", "inductor_pass", "pipeline_uuid"]
@@ -155,22 +156,8 @@ def _replace_graph(gm: fx.GraphModule, new: fx.GraphModule) -> None:
         value, old_output = out
         graph.output(value).meta.update(old_output.meta)
     for node in graph.nodes:
-        if node.op in ("get_attr", "call_module") and not _has_attr(gm, str(node.target)):
-            setattr(gm, str(node.target), _get(new, str(node.target)))
-
-
-def _has_attr(m: Any, target: str) -> bool:
-    try:
-        _get(m, target)
-        return True
-    except AttributeError:
-        return False
-
-
-def _get(m: Any, target: str) -> Any:
-    for part in target.split("."):
-        m = getattr(m, part)
-    return m
+        if node.op in ("get_attr", "call_module") and not has_path(gm, str(node.target)):
+            setattr(gm, str(node.target), get_path(new, str(node.target)))
 
 
 # ----- the uuid ----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from torch.fx.passes.split_module import split_module
 from ..core.errors import PassFailedError
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
+from ._util import get_path
 from .apply import resolve_pipeline
 
 __all__ = ["ALIASES", "Piece", "PiecewiseGraph", "piecewise", "split", "split_predicate"]
@@ -305,7 +306,7 @@ def _inline(top: fx.GraphModule) -> fx.GraphModule:
             graph.output(fx.node.map_arg(node.args[0], lookup)).meta.update(node.meta)
         else:
             if node.op in ("get_attr", "call_module"):
-                attrs[str(node.target)] = _get(top, str(node.target))
+                attrs[str(node.target)] = get_path(top, str(node.target))
             env[node] = graph.node_copy(node, lookup)
     graph.lint()
     return fx.GraphModule(attrs, graph)
@@ -330,7 +331,7 @@ def _inline_call(graph: fx.Graph, sub: fx.GraphModule, args: Sequence[Any], attr
             return fx.node.map_arg(n.args[0], local.__getitem__)
         else:
             if n.op in ("get_attr", "call_module"):
-                value = _get(sub, str(n.target))
+                value = get_path(sub, str(n.target))
                 name = _free_name(attrs, str(n.target), value)
                 attrs[name] = value
                 copy = graph.node_copy(n, local.__getitem__)
@@ -347,9 +348,3 @@ def _free_name(attrs: dict[str, Any], name: str, value: Any) -> str:
         i += 1
         candidate = f"{name}_{i}"
     return candidate
-
-
-def _get(m: Any, target: str) -> Any:
-    for part in target.split("."):
-        m = getattr(m, part)
-    return m
