@@ -233,6 +233,23 @@ def test_sample_inputs_reach_lowering_passes_one_per_placeholder():
     assert got[0][0] is ep.state_dict["blocks.0.conv.weight"]
 
 
+def test_given_sample_inputs_are_the_user_inputs_and_none_is_missing_ones():
+    from fxpass.verify.numerics import program_inputs
+
+    ep = convnet_ep()
+    got = []
+
+    def lowering(gm, sample_inputs):
+        got.append(list(sample_inputs))
+        return gm
+
+    (x,) = ep.example_inputs[0]
+    apply(ep, lowering, [x])
+    apply(ep, lowering, [])  # too few: the placeholder gets None, nothing fails
+    assert got[0][-1] is x and got[0] == program_inputs(ep, [x])
+    assert got[1][-1] is None and got[1][:-1] == got[0][:-1]
+
+
 def test_nodes_made_without_fake_values_get_them():
     from _target_models import rsqrt_to_reciprocal_sqrt
 

@@ -33,14 +33,10 @@ def spec_error_line(e: Any) -> str:
 def user_inputs(target: Target) -> list[Any]:
     """The inputs the user's program takes: given, stored, or made from ``meta['val']``
     (worked out once per target)."""
-    from ..verify.numerics import sample_inputs_from_meta
+    from ..verify.numerics import sample_args
 
     if target.inputs is None:
-        if target.args is not None:
-            target.inputs = list(target.args)
-        else:
-            gm = target.program.module() if target.is_exported else target.program
-            target.inputs = sample_inputs_from_meta(gm)
+        target.inputs = sample_args(target.program, target.args)[0]
     return list(target.inputs)
 
 

@@ -270,20 +270,13 @@ def _copy_module(gm: fx.GraphModule) -> fx.GraphModule:
 
 def _graph_inputs(ep: ExportedProgram, user_inputs: Sequence[Any] | None) -> list[Any] | None:
     """One value per placeholder: parameters, buffers and constants, then the user inputs."""
-    if user_inputs is None:
-        if ep.example_inputs is None:
-            return None
-        user_inputs = torch.utils._pytree.tree_leaves(ep.example_inputs)
-    user = iter(user_inputs)
-    values = []
-    for spec in ep.graph_signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            values.append(next(user, None))
-        elif spec.target in ep.state_dict:
-            values.append(ep.state_dict[spec.target])
-        else:
-            values.append(ep.constants.get(spec.target) if spec.target else None)
-    return values
+    from ..verify.numerics import program_inputs
+
+    if user_inputs is not None:
+        return program_inputs(ep, user_inputs, strict=False)
+    if ep.example_inputs is None:
+        return None
+    return program_inputs(ep, *ep.example_inputs, strict=False)
 
 
 def run_on_program(

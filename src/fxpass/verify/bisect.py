@@ -40,7 +40,7 @@ from .numerics import (
     program_inputs,
     run_graph,
     run_graph_promoted,
-    sample_inputs_from_meta,
+    sample_args,
 )
 
 __all__ = ["BisectResult", "RewriteInfo", "bisect"]
@@ -159,23 +159,13 @@ class _Subject:
     def __init__(self, target: Any, sample_inputs: Sequence[Any] | None) -> None:
         self.target = target
         if isinstance(target, torch.export.ExportedProgram):
-            if sample_inputs is None:
-                example = getattr(target, "example_inputs", None)
-                args, kwargs = example if example is not None else (None, {})
-                if args is None:
-                    args = sample_inputs_from_meta(target.module())
-            else:
-                args, kwargs = list(sample_inputs), {}
+            args, kwargs = sample_args(target, sample_inputs)
             self.inputs = program_inputs(target, args, kwargs)
             self.names: list[str] | None = output_names(target)
             self.gm = target.graph_module
         elif isinstance(target, fx.GraphModule):
             self.gm = target
-            self.inputs = (
-                list(sample_inputs)
-                if sample_inputs is not None
-                else sample_inputs_from_meta(target)
-            )
+            self.inputs, _ = sample_args(target, sample_inputs)
             self.names = None
         else:
             raise TypeError(

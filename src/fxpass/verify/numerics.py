@@ -40,6 +40,7 @@ __all__ = [
     "program_inputs",
     "run_graph",
     "run_graph_promoted",
+    "sample_args",
     "sample_inputs_from_meta",
     "tolerance_for",
     "verify_numerics",
@@ -461,8 +462,34 @@ def _make_value(val: Any, bound: int, gen: torch.Generator) -> Any:
     return val
 
 
-def program_inputs(ep: torch.export.ExportedProgram, args: Sequence[Any], kwargs=None) -> list:
-    """The flat inputs of ``ep.graph_module``: parameters, buffers, constants, user inputs."""
+def sample_args(
+    program: Any, sample_inputs: Sequence[Any] | None = None
+) -> tuple[list[Any], dict[str, Any]] | None:
+    """``(args, kwargs)`` to call ``program`` with: ``sample_inputs`` when given, else an
+    ExportedProgram's ``example_inputs``, else inputs made from the placeholders'
+    ``meta['val']`` (of the GraphModule, or of the program's ``module()``). None when
+    nothing is given and ``program`` is neither an ExportedProgram nor a GraphModule."""
+    if sample_inputs is not None:
+        return list(sample_inputs), {}
+    if isinstance(program, torch.export.ExportedProgram):
+        example = getattr(program, "example_inputs", None)
+        if example is not None:
+            args, kwargs = example
+            return list(args), dict(kwargs)
+        return sample_inputs_from_meta(program.module()), {}
+    if isinstance(program, fx.GraphModule):
+        return sample_inputs_from_meta(program), {}
+    return None
+
+
+def program_inputs(
+    ep: torch.export.ExportedProgram, args: Sequence[Any], kwargs=None, *, strict: bool = True
+) -> list:
+    """The flat inputs of ``ep.graph_module``: parameters, buffers, constants, user inputs.
+
+    Without ``strict``, a value that is not there (fewer user inputs than the program
+    takes, a constant the program lacks) is None instead of an error.
+    """
     from torch.export.graph_signature import InputKind
 
     user = iter(pytree.tree_leaves((tuple(args), dict(kwargs or {}))))
@@ -470,13 +497,13 @@ def program_inputs(ep: torch.export.ExportedProgram, args: Sequence[Any], kwargs
     out: list[Any] = []
     for spec in ep.graph_signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
-            out.append(next(user))
+            out.append(next(user) if strict else next(user, None))
         elif spec.kind == InputKind.TOKEN:
             out.append(torch.tensor([]))
         elif spec.target in state:
             out.append(state[spec.target])
         else:
-            out.append(consts[spec.target])
+            out.append(consts[spec.target] if strict else consts.get(spec.target))
     return out
 
 
@@ -568,22 +595,19 @@ def verify_numerics(
 
 
 def _inputs_for(original, transformed, sample_inputs) -> tuple[list[Any], dict[str, Any]]:
-    if sample_inputs is not None:
-        if isinstance(sample_inputs, Mapping):
-            return [], dict(sample_inputs)
-        return list(sample_inputs), {}
-    for program in (original, transformed):
-        if isinstance(program, torch.export.ExportedProgram):
-            example = getattr(program, "example_inputs", None)
-            if example is not None:
-                args, kwargs = example
-                return list(args), dict(kwargs)
-    for program in (original, transformed):
-        if isinstance(program, torch.export.ExportedProgram):
-            gm = program.module()
-            return sample_inputs_from_meta(gm), {}
-        if isinstance(program, fx.GraphModule):
-            return sample_inputs_from_meta(program), {}
+    if isinstance(sample_inputs, Mapping):
+        return [], dict(sample_inputs)
+
+    def stored(program: Any) -> bool:
+        return getattr(program, "example_inputs", None) is not None and isinstance(
+            program, torch.export.ExportedProgram
+        )
+
+    # either program's example_inputs come before inputs made from either one's meta['val']
+    for program in sorted((original, transformed), key=lambda p: not stored(p)):
+        picked = sample_args(program, sample_inputs)
+        if picked is not None:
+            return picked
     raise ValueError("no sample inputs given and none can be made: pass sample_inputs")
 
 
