@@ -162,3 +162,15 @@ def test_pattern_graph_returning_only_inputs_is_refused():
     graph.output(x)
     with pytest.raises(ValueError, match="computes nothing"):
         graph_pattern(graph)
+
+
+def test_every_partitioner_names_itself_when_given_no_graph():
+    from fxpass.partition import capability_partitions, pattern_partitions, source_partitions
+
+    tail = r"expected a GraphModule, Graph or ExportedProgram, got int$"
+    with pytest.raises(TypeError, match=r"^capability_partitions: " + tail):
+        capability_partitions(3, "all")
+    with pytest.raises(TypeError, match=r"^source_partitions: " + tail):
+        source_partitions(3, [torch.nn.Linear])
+    with pytest.raises(TypeError, match=r"^" + tail):
+        pattern_partitions(3, partitions=[[]])

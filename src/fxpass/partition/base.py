@@ -9,10 +9,28 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
+import torch
 from torch import fx
 
 __all__ = ["Partition", "find_cycle", "is_cycle_free"]
+
+
+def module_and_graph(target: Any, who: str = "") -> tuple[fx.GraphModule | None, fx.Graph]:
+    """The graph a partitioner works on, and the module holding it (None for a Graph no
+    module owns), from a GraphModule, a Graph or an ExportedProgram. ``who`` names the
+    caller in the TypeError for anything else."""
+    if isinstance(target, torch.export.ExportedProgram):
+        return target.graph_module, target.graph_module.graph
+    if isinstance(target, fx.GraphModule):
+        return target, target.graph
+    if isinstance(target, fx.Graph):
+        return target.owning_module, target
+    where = f"{who}: " if who else ""
+    raise TypeError(
+        f"{where}expected a GraphModule, Graph or ExportedProgram, got {type(target).__name__}"
+    )
 
 
 class Partition:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .base import Partition
+from .base import Partition, module_and_graph
 from .support import _CALLABLE_OPS, OperatorSupportBase, parse_support, resolve_op
 
 __all__ = ["DEFAULT_NON_COMPUTE_OPS", "capability_partitions", "op_matcher"]
@@ -344,20 +344,6 @@ def propose(
     return [p for p in parts if p.size() > 0]
 
 
-def _graph_and_modules(target: fx.GraphModule | fx.Graph) -> tuple[fx.Graph, dict]:
-    if isinstance(target, fx.GraphModule):
-        return target.graph, dict(target.named_modules())
-    if isinstance(target, fx.Graph):
-        owner = target.owning_module
-        return target, dict(owner.named_modules()) if owner is not None else {}
-    if isinstance(target, torch.export.ExportedProgram):
-        return target.graph_module.graph, dict(target.graph_module.named_modules())
-    raise TypeError(
-        f"capability_partitions: expected a GraphModule, Graph or ExportedProgram, got "
-        f"{type(target).__name__}"
-    )
-
-
 def capability_partitions(
     graph_module: fx.GraphModule | fx.Graph | torch.export.ExportedProgram,
     support: OperatorSupportBase | Any,
@@ -386,7 +372,8 @@ def capability_partitions(
 
     >>> parts = capability_partitions(gm, "elementwise | norm")      # doctest: +SKIP
     """
-    graph, modules = _graph_and_modules(graph_module)
+    owner, graph = module_and_graph(graph_module, "capability_partitions")
+    modules = dict(owner.named_modules()) if owner is not None else {}
     support = parse_support(support)
     nodes = list(graph.nodes)
 

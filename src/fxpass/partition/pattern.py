@@ -34,7 +34,7 @@ from torch import fx
 from ..rewrite.match import Matcher
 from ..rewrite.pattern import P, Pattern
 from ..rewrite.rule import Rule
-from .base import Partition
+from .base import Partition, module_and_graph
 from .capability import capability_partitions
 from .support import OperatorSupportBase, any_chain, node_support, parse_support
 
@@ -118,18 +118,6 @@ def _as_rule(pattern: Any, index: int) -> Rule:
     )
 
 
-def _graph_of(target: Any) -> fx.Graph:
-    if isinstance(target, torch.export.ExportedProgram):
-        return target.graph_module.graph
-    if isinstance(target, fx.GraphModule):
-        return target.graph
-    if isinstance(target, fx.Graph):
-        return target
-    raise TypeError(
-        f"expected a GraphModule, Graph or ExportedProgram, got {type(target).__name__}"
-    )
-
-
 def pattern_matches(
     graph_module: fx.GraphModule | fx.Graph | torch.export.ExportedProgram,
     patterns: Iterable[Any],
@@ -138,7 +126,7 @@ def pattern_matches(
 ) -> list[list[fx.Node]]:
     """The nodes of every match of every pattern (placeholders of a pattern excluded), in
     graph order: one list per match, each pattern at each root node at most once."""
-    graph = _graph_of(graph_module)
+    _, graph = module_and_graph(graph_module)
     matchers = [Matcher([_as_rule(p, i)]) for i, p in enumerate(patterns)]
     found: list[list[fx.Node]] = []
     for node in graph.nodes:
@@ -175,13 +163,8 @@ def pattern_partitions(
     Returns :class:`Partition` objects in graph order (see
     :func:`~fxpass.partition.capability_partitions`).
     """
-    target = (
-        graph_module.graph_module
-        if isinstance(graph_module, torch.export.ExportedProgram)
-        else graph_module
-    )
     matched: set[fx.Node] = set()
-    for nodes in pattern_matches(target, patterns, ignore_literals=ignore_literals):
+    for nodes in pattern_matches(graph_module, patterns, ignore_literals=ignore_literals):
         matched.update(nodes)
     for nodes in partitions:
         matched.update(nodes)
@@ -194,7 +177,7 @@ def pattern_partitions(
     in_match = node_support(matched.__contains__)
     support = in_match if op_support is None else any_chain(parse_support(op_support), in_match)
     return capability_partitions(
-        target,
+        graph_module,
         support,
         allows_single_node_partition=allows_single_node_partition,
         horizontal=horizontal,

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from .base import module_and_graph
+
 __all__ = ["SourcePartition", "check_subgraphs_connected", "source_partitions"]
 
 
@@ -182,17 +184,7 @@ def source_partitions(
     ``filter_fn`` drops partitions with a node it rejects. Sources with no partition are
     absent from the result.
     """
-    if isinstance(target, torch.export.ExportedProgram):
-        graph = target.graph_module.graph
-    elif isinstance(target, fx.GraphModule):
-        graph = target.graph
-    elif isinstance(target, fx.Graph):
-        graph = target
-    else:
-        raise TypeError(
-            "source_partitions: expected a GraphModule, Graph or ExportedProgram, got "
-            f"{type(target).__name__}"
-        )
+    _, graph = module_and_graph(target, "source_partitions")
     if isinstance(wanted_sources, (type, str)) or callable(wanted_sources):
         wanted_sources = [wanted_sources]
     return group_by_source(
