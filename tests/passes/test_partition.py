@@ -92,3 +92,26 @@ def test_listed_with_its_summary():
     assert info.summary.startswith("Fuse the largest cycle-free partitions")
     assert info.options["support"].required
     assert info.options["mode"].default == "module"
+
+
+def test_each_new_fusion_is_one_change_event_in_graph_order():
+    ep, _, _ = exported_with_args()
+    gm = ep.graph_module
+    pipe = fp.Pipeline.parse('partition{support="elementwise | norm" prefix=first_}')
+    pipe.run(gm, debug_counter=fp.DebugCounter(count=1))  # one call there before the run
+    (old,) = fused_nodes(gm)
+
+    class Record(fp.Instrumentation):
+        def __init__(self):
+            self.events = []
+
+        def on_change(self, event, ctx):
+            self.events.append(event)
+
+    record = Record()
+    fp.Pipeline.parse('partition{support="elementwise | norm"}').run(gm, instrument=[record])
+    new = [c for c in fused_nodes(gm) if c is not old]
+    assert len(new) >= 2
+    assert [e.new for e in record.events] == [[c.name] for c in new]
+    assert [e.old for e in record.events] == [c.meta[FUSED_META]["nodes"] for c in new]
+    assert all(e.kind == "replace" and e.rule == "partition" for e in record.events)

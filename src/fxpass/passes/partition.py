@@ -24,7 +24,7 @@ from torch import fx
 from ..core.context import ChangeEvent, current_context
 from ..core.registry import _builtin
 from ..partition.capability import capability_partitions
-from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
+from ..partition.fuse import FUSED_META, _fuse
 
 __all__ = ["partition"]
 
@@ -69,15 +69,13 @@ def partition(
         parts = kept
     if not parts:
         return False
-    before = set(fused_nodes(gm))
-    fuse_partitions(gm, parts, prefix=prefix, mode=mode, recompile=False)
+    calls = _fuse(gm, parts, prefix=prefix, mode=mode, recompile=False)
     if ctx is not None:
-        for call in fused_nodes(gm):
-            if call not in before:
-                info = call.meta[FUSED_META]
-                event = ChangeEvent("replace", "partition", info["nodes"], [call.name])
-                event.index = actions[info["index"]]
-                ctx.notify(event)
+        for call in calls:
+            info = call.meta[FUSED_META]
+            event = ChangeEvent("replace", "partition", info["nodes"], [call.name])
+            event.index = actions[info["index"]]
+            ctx.notify(event)
         ctx.stat("partitions", len(parts))
         ctx.stat("nodes", sum(len(p) for p in parts))
     gm.recompile()
