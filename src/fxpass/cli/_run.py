@@ -5,22 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._common import USAGE, CliError
 from ._targets import Target
 
 
 def parse_pipeline(spec: str | None) -> Any:
-    """The pipeline for ``-p SPEC`` (the registered ``default`` when None); errors exit 2."""
-    from ..core.errors import SpecError
-    from ..core.pipeline import Pipeline
-    from ..core.registry import REGISTRY
+    """The pipeline for ``-p SPEC`` (the registered ``default`` when None or blank).
 
-    if spec is None or spec.strip() == "":
-        return REGISTRY.create("default")
-    try:
-        return Pipeline.parse(spec)
-    except SpecError as e:
-        raise CliError(spec_error_line(e), USAGE) from e
+    A bad spec raises :class:`~fxpass.core.errors.SpecError`, which ``main`` reports as
+    :func:`spec_error_line` with exit code 2."""
+    from ..targets.apply import resolve_pipeline
+
+    return resolve_pipeline(None if spec is None or spec.strip() == "" else spec)
 
 
 def spec_error_line(e: Any) -> str:

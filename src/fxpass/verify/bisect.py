@@ -197,19 +197,6 @@ class _Subject:
         )
 
 
-def _pipeline(spec: Any) -> Any:
-    from ..core.pipeline import Pipeline
-    from ..core.registry import REGISTRY
-
-    if spec is None:
-        return REGISTRY.create("default")
-    if isinstance(spec, str):
-        return Pipeline.parse(spec)
-    if isinstance(spec, Pipeline):
-        return spec
-    return Pipeline([spec])
-
-
 def bisect(
     target: fx.GraphModule | torch.export.ExportedProgram,
     pipeline: Any = None,
@@ -222,11 +209,14 @@ def bisect(
     """Find the first pass, and the first single rewrite, after which numerics diverge.
 
     ``target`` is not modified (every run works on a fresh copy). ``pipeline`` is a
-    :class:`~fxpass.Pipeline`, a spec string, a pass, or None (the registered ``default``).
+    :class:`~fxpass.Pipeline`, a spec string, a pass, a list of passes, or None (the
+    registered ``default``), as :func:`fxpass.apply` takes.
     ``sample_inputs`` are the inputs of the GraphModule (for an ExportedProgram: its user
     inputs; default: its ``example_inputs``). ``on_step`` receives a line per run (progress).
     """
-    pipe = _pipeline(pipeline)
+    from ..targets.apply import resolve_pipeline
+
+    pipe = resolve_pipeline(pipeline)
     subject = _Subject(target, sample_inputs)
     say = on_step or (lambda _msg: None)
     spec = str(pipe)
