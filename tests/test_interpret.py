@@ -266,3 +266,25 @@ def test_proxy_values_and_aliases():
     assert out.to_tensor().shape == (2, 10) and arg.meta["val"].shape[0] == 2
     assert ExportPass is InterpreterPass
     assert issubclass(InterpreterPass, fp.Pass)
+
+
+def test_placeholder_hook_overrides_count_as_changes_and_get_attrs_copy_as_they_are():
+    class Reinput(InterpreterPass):
+        def placeholder(self, name, arg, meta):
+            value = super().placeholder(name, arg, meta)
+            return ProxyValue(value.node, value.data)  # not the input unchanged any more
+
+    assert Reinput()(convnet_ep().graph_module).modified is True
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((3,), 2.0))
+
+        def forward(self, x):
+            return torch.mul(x, self.scale)
+
+    gm = torch.fx.symbolic_trace(Scaled())
+    assert any(n.op == "get_attr" for n in gm.graph.nodes)
+    result = fp.Pipeline([InterpreterPass()]).run(gm, [torch.ones(3)])
+    assert result.modified is False and result.graph_module is gm

@@ -219,7 +219,9 @@ class InterpreterPass(Pass):
         if node.op == "placeholder":
             value = self._input_value(node, self._inputs_seen)
             self._inputs_seen += 1
-            self._env[node] = self.placeholder(node.name, value, node.meta)
+            self._env[node] = proxy = self.placeholder(node.name, value, node.meta)
+            # an overridden hook may give something other than the input, unchanged
+            self._changed |= not getattr(proxy, "_exact", False)
         elif node.op == "output":
             results = fx.node.map_arg(node.args[0], self._env.__getitem__)
             self.output(results, node.meta)
@@ -229,8 +231,6 @@ class InterpreterPass(Pass):
             self._env[node] = ProxyValue(new, node.meta.get("val"), exact=True)
         else:
             self._rewrite(node)
-        if node.op in ("placeholder", "get_attr"):
-            self._changed |= not getattr(self._env[node], "_exact", False)
 
     def _input_value(self, node: fx.Node, index: int) -> Any:
         if "val" in node.meta:
@@ -311,8 +311,7 @@ class InterpreterPass(Pass):
     def _emit_node(self, kind: str, target: Any, args, kwargs, meta) -> ProxyValue:
         old = self._current
         same = old is not None and old.op == kind and old.target is target
-        copied = same and self._same_inputs(old, args, kwargs, exact=False)
-        exact = copied and self._same_inputs(old, args, kwargs, exact=True)
+        copied, exact = self._same_inputs(old, args, kwargs) if same else (False, False)
         node_args = pytree.tree_map(self._as_arg, args)
         node_kwargs = pytree.tree_map(self._as_arg, kwargs)
         name = old.name if same else None
@@ -327,15 +326,21 @@ class InterpreterPass(Pass):
         node.meta["val"] = val
         return ProxyValue(node, val, copy=copied)
 
-    def _same_inputs(self, old: fx.Node, args, kwargs, *, exact: bool) -> bool:
-        """Whether ``args``/``kwargs`` are the new values of the old node's inputs (and,
-        with ``exact``, each of them an unchanged copy)."""
+    def _same_inputs(self, old: fx.Node, args, kwargs) -> tuple[bool, bool]:
+        """Whether ``args``/``kwargs`` are the new values of the old node's inputs, and
+        whether, besides, each of them is an unchanged copy (one walk answers both)."""
         env = self._env
+        exact = True
 
         def same(new: Any, was: Any) -> bool:
+            nonlocal exact
             if isinstance(was, fx.Node):
                 v = env.get(was)
-                return v is new and (not exact or (isinstance(v, ProxyValue) and v._exact))
+                if v is not new:
+                    return False
+                if exact and not (isinstance(v, ProxyValue) and v._exact):
+                    exact = False
+                return True
             if isinstance(was, (list, tuple)):
                 return (
                     isinstance(new, (list, tuple))
@@ -347,10 +352,11 @@ class InterpreterPass(Pass):
             return type(new) is type(was) and new == was
 
         if set(kwargs) != set(old.kwargs):
-            return False
-        return same(tuple(args), tuple(old.args)) and all(
+            return False, False
+        copied = same(tuple(args), tuple(old.args)) and all(
             same(kwargs[k], old.kwargs[k]) for k in kwargs
         )
+        return copied, copied and exact
 
     def _as_arg(self, value: Any) -> Any:
         if isinstance(value, ProxyValue):
@@ -368,13 +374,14 @@ class InterpreterPass(Pass):
             name += "_"
         self._constants[name] = value
         last = self._last_constant
-        first = next((n for n in self._graph.nodes if n.op != "placeholder"), None)
         if last is not None and not last._erased:  # constants in the order they were made
             where = self._graph.inserting_after(last)
-        elif first is not None:
-            where = self._graph.inserting_before(first)
         else:
-            where = self._graph.inserting_after()
+            first = next((n for n in self._graph.nodes if n.op != "placeholder"), None)
+            if first is not None:
+                where = self._graph.inserting_before(first)
+            else:
+                where = self._graph.inserting_after()
         with where:
             node = self._graph.get_attr(name)
         self._last_constant = node
