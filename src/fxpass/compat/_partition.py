@@ -102,11 +102,6 @@ class CapabilityBasedPartitioner:
         )
         self.skip_horizontal_fusion = skip_horizontal_fusion
 
-    def _is_node_supported(self, node: fx.Node) -> bool:
-        return self.operator_support.is_node_supported(
-            dict(self.graph_module.named_modules()), node
-        )
-
     def propose_partitions(self) -> list[Partition]:
         """Partitions of supported nodes, as torch's partitioner proposes them."""
         submodules = dict(self.graph_module.named_modules())
