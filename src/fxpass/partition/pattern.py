@@ -128,12 +128,13 @@ def pattern_matches(
     graph order: one list per match, each pattern at each root node at most once."""
     _, graph = module_and_graph(graph_module)
     matchers = [Matcher([_as_rule(p, i)]) for i, p in enumerate(patterns)]
+    st = _state(ignore_literals)  # one state for every attempt: each rule resets it
     found: list[list[fx.Node]] = []
     for node in graph.nodes:
         for matcher in matchers:
             if not matcher.rules_for(node):
                 continue
-            match = matcher.match(node, st=_state(ignore_literals))
+            match = matcher.match(node, st=st)
             if match is not None:
                 found.append([n for n in match.nodes if n.op != "placeholder"])
     return found
