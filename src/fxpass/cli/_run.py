@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._targets import Target
+
+if TYPE_CHECKING:
+    from ..targets.apply import ApplyResult
 
 
 def parse_pipeline(spec: str | None) -> Any:
@@ -73,26 +75,8 @@ def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
     return run_graph_promoted(program, user_inputs(target))
 
 
-@dataclass
-class Outcome:
-    program: Any
-    graph_module: Any
-    modified: bool
-    report: Any
-
-
-def apply_pipeline(target: Target, pipeline: Any, instrument: list[Any]) -> Outcome:
+def apply_pipeline(target: Target, pipeline: Any, instrument: list[Any]) -> ApplyResult:
     """Run ``pipeline`` on the target through ``fxpass.apply`` (same kind in, same kind out)."""
-    try:
-        from ..targets.apply import apply
-    except ImportError:  # the targets package is not there yet: run on the graph module
-        apply = None
-    if apply is not None:
-        res = apply(target.program, pipeline, target.args, instrument=instrument)
-        return Outcome(res.program, res.graph_module, res.modified, res.report)
-    gm = target.graph_module
-    res = pipeline.run(gm, graph_inputs(target), instrument=instrument)
-    program = target.program
-    if not target.is_exported:
-        program = res.graph_module
-    return Outcome(program, res.graph_module, res.modified, res.report)
+    from ..targets.apply import apply
+
+    return apply(target.program, pipeline, target.args, instrument=instrument)

@@ -11,8 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.instrument import Instrumentation
+from ..targets.apply import ApplyResult
 from ._common import NUMERICS, CliError, check_writable, emit_json, stderr, stdout
-from ._run import Outcome, apply_pipeline, evaluate, evaluate_promoted, graph_inputs
+from ._run import apply_pipeline, evaluate, evaluate_promoted, graph_inputs
 from ._targets import Target
 
 
@@ -100,7 +101,7 @@ def demo(layers: int, html: str, no_report: bool, as_json: bool) -> None:
         raise CliError("numerics diverged after the default pipeline", NUMERICS)
 
 
-def _json(t, result: Outcome, check, final, block, html_path) -> None:
+def _json(t, result: ApplyResult, check, final, block, html_path) -> None:
     fused = None
     if block is not None:
         change, hunk = block
@@ -122,7 +123,7 @@ def _json(t, result: Outcome, check, final, block, html_path) -> None:
     )
 
 
-def _print(t, result: Outcome, check, final, block, html_path, npasses: int) -> None:
+def _print(t, result: ApplyResult, check, final, block, html_path, npasses: int) -> None:
     out = stdout()
     out.print(Text(f"fxpass demo: {t.text}, default pipeline", style="bold"))
     if npasses == 0:

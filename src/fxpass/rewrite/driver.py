@@ -27,7 +27,7 @@ from torch.fx import Node
 from ..core.context import current_context
 from ..core.errors import NonConvergenceError
 from ._state import MatchState
-from .match import Matcher, RuleStats, _make_match
+from .match import Matcher, RuleStats
 from .order import _sort_key
 from .rewriter import Rewriter
 from .rule import Rule, RuleSet, as_rule
@@ -121,18 +121,7 @@ def _rewrite_at(
     node: Node, rw: Rewriter, matcher: Matcher, st: MatchState, track_inputs: bool = False
 ) -> Any:
     """Try the node's rules in order; the applied match, or None."""
-    stats = matcher.stats
-    perf = time.perf_counter
-    for rule in matcher.rules_for(node):
-        s = stats[rule.name]
-        t0 = perf()
-        ok = rule._try(node, st)
-        s.seconds += perf() - t0
-        s.tried += 1
-        if not ok:
-            continue
-        s.matched += 1
-        match = _make_match(rule, node, st)
+    for match, s in matcher._matches(matcher.rules_for(node), node, st):
         if track_inputs:  # read them now: erased nodes forget their arguments
             region = set(match.nodes)
             inputs = {a: None for n in match.nodes for a in n.all_input_nodes if a not in region}

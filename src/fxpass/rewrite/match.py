@@ -17,7 +17,7 @@ from torch.fx import Node
 
 from ._state import MatchState
 from .pattern import _OpOverload, _OpOverloadPacket
-from .rule import _DROPPED, _OUTS, Rule
+from .rule import _DROPPED, _NODES, _OUTS, Rule
 
 __all__ = ["Match", "Matcher", "RuleStats"]
 
@@ -140,18 +140,25 @@ class Matcher:
         rules = self.rules_for(node)
         if not rules:
             return None
-        st = st or MatchState(order=order)
-        perf = time.perf_counter
-        for r in rules:
-            stats = self.stats[r.name]
-            t0 = perf()
-            ok = r._try(node, st)
-            stats.seconds += perf() - t0
-            stats.tried += 1
-            if ok:
-                stats.matched += 1
-                return _make_match(r, node, st)
+        for match, _ in self._matches(rules, node, st or MatchState(order=order)):
+            return match
         return None
+
+    def _matches(self, rules: Sequence[Rule], node: Node, st: MatchState):
+        """(match, the rule's stats) for each of ``rules`` that matches at ``node``, in
+        order; every rule tried is timed and counted. The driver takes the first match it
+        can apply."""
+        stats = self.stats
+        perf = time.perf_counter
+        for rule in rules:
+            s = stats[rule.name]
+            t0 = perf()
+            ok = rule._try(node, st)
+            s.seconds += perf() - t0
+            s.tried += 1
+            if ok:
+                s.matched += 1
+                yield _make_match(rule, node, st), s
 
     def match_rule(self, rule: Rule, node: Node, *, order: Any = None) -> Match | None:
         """The match of ``rule`` at ``node`` (index not consulted), or None."""
@@ -166,7 +173,7 @@ def _make_match(rule: Rule, node: Node, st: MatchState) -> Match:
         rule=rule,
         root=node,
         bindings=dict(st.env),
-        nodes=list(dict.fromkeys(st.nodes)),
+        nodes=list(st.memo[_NODES]),
         outputs=list(st.memo[_OUTS]),
         dropped=list(st.memo[_DROPPED]),
     )

@@ -151,13 +151,12 @@ class Rewriter:
                 stats.skipped += 1
             return False
         outputs = match.outputs
-        region = set(match.nodes)
         anchor = outputs[0]
         movers: list[Node] = []
         if len(outputs) > 1:
             order = self.order()
             anchor = max(outputs, key=order.__getitem__)
-            movers = users_before(order, outputs, region, order[anchor])
+            movers = users_before(order, outputs, set(match.nodes), order[anchor])
         new, values = self._build(match, anchor)
         if values is None:
             if stats is not None:

@@ -275,6 +275,7 @@ class Rule:
                     return False
         st.memo[_OUTS] = outs
         st.memo[_DROPPED] = dropped
+        st.memo[_NODES] = matched
         return True
 
     # ----- replacing --------------------------------------------------------------------
@@ -289,6 +290,7 @@ class Rule:
 _UNCOMPILED = object()
 _OUTS = -1  # memo slots for the final step's results (ids of objects are never negative)
 _DROPPED = -2
+_NODES = -3  # the matched nodes, each once, in matching order
 
 
 def _default_name(replacement: Any, location: str) -> str:
