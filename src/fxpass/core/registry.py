@@ -20,7 +20,6 @@ and :meth:`PassList.dump`, :meth:`PassList.remove`, :meth:`PassList.apply` do th
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +31,10 @@ from torch import fx
 
 from .contract import FunctionPass, Pass, PassResult, _is_lowering
 from .errors import OptionError, UnknownPassError
+from .imports import resolve_import
 from .options import Option, _Mismatch, format_value, options_of
 
-__all__ = ["REGISTRY", "PassInfo", "PassList", "Registry"]
+__all__ = ["REGISTRY", "PassInfo", "PassList", "Registry", "resolve_import"]
 
 ENTRY_POINT_GROUP = "fxpass.passes"
 
@@ -347,15 +347,6 @@ class Registry:
             if opts:
                 lines.append(f"{'':<28} options: {opts}")
         return "\n".join(lines)
-
-
-def resolve_import(ref: str) -> Any:
-    """Import ``package.module:attr`` (a pass named by where it is defined)."""
-    module_name, _, attr = ref.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 REGISTRY = Registry()
