@@ -93,7 +93,7 @@ def test_demo(tmp_path: Path):
     assert "fxpass demo: tiny Llama decoder (1 layers), default pipeline" in r.out
     assert "pipeline: default" in r.out  # the per-pass table
     assert "numerics against the original: 1 output matches" in r.out
-    assert "wrote report.html" in r.out
+    assert f"wrote {tmp_path / 'report.html'}" in r.out
     page = (tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "Passes" in page and "Numerics" in page
     if "changed," in r.out:  # once the default pipeline changes the graph: a block is shown

@@ -301,7 +301,7 @@ def _report_run(t, result, check, final, written, html, as_json, diverged) -> No
                 if check is not None
                 else None,
                 "output": str(written) if written else None,
-                "html": html,
+                "html": str(Path(html).absolute()) if html else None,
             }
         )
         return
@@ -315,9 +315,9 @@ def _report_run(t, result, check, final, written, html, as_json, diverged) -> No
             Text(f"numerics at the end: {final.summary()}", style="green" if final.ok else "red")
         )
     if written:
-        out.print(f"wrote {written}", markup=False)
+        out.print(f"wrote {written}", markup=False, soft_wrap=True)
     if html:
-        out.print(f"wrote {html}", markup=False)
+        out.print(f"wrote {Path(html).absolute()}", markup=False, soft_wrap=True)
 
 
 # ----- diff -----------------------------------------------------------------------------------

@@ -347,7 +347,8 @@ def _provide_types(path: Path, allowed: Sequence[str]) -> None:
     known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
     for raw in sorted(names):
         name = raw.removeprefix("namedtuple:")
-        if name in known:
+        stand_in = _STAND_INS.get(name)
+        if name in known and known[name] is not stand_in:
             continue
         module = name.rsplit(".", 1)[0]
         if "." in name and _allowed(module, allowed):
@@ -359,7 +360,7 @@ def _provide_types(path: Path, allowed: Sequence[str]) -> None:
                     f"({type(e).__name__}: {e})"
                 ) from e
         if name in known:
-            continue
+            continue  # the real type, or the stand-in made before
         if raw.startswith("namedtuple:"):
             _stand_in_namedtuple(name, namedtuples.get(name, ()))
         else:
