@@ -217,7 +217,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     if reproducer:
         from ..core.reproducer import CrashReproducer
 
-        instruments.append(CrashReproducer(reproducer))
+        instruments.append(CrashReproducer(reproducer, imports=imports))
     try:
         result = apply_pipeline(t, pipeline, instruments)
     except PassFailedError as e:

@@ -65,6 +65,8 @@ class PassInfo:
     origin: str = "fxpass"
     takes_pipeline: bool = False
     statistics: Mapping[str, str] = field(default_factory=dict)
+    #: what was registered (the function, Pass class or object), for import references
+    target: Any = None
 
     def create(
         self,
@@ -259,6 +261,7 @@ class Registry:
             origin=origin,
             takes_pipeline=takes_pipeline,
             statistics=dict(getattr(obj, "statistics", {}) or {}),
+            target=obj,
         )
 
     def unregister(self, name: str) -> PassInfo:
@@ -306,6 +309,12 @@ class Registry:
         except KeyError:
             close = difflib.get_close_matches(name, list(self._infos), n=3, cutoff=0.6)
             raise UnknownPassError(name, close) from None
+
+    def info_of(self, obj: Any) -> PassInfo | None:
+        """The :class:`PassInfo` under which ``obj`` (a function, Pass class or object) is
+        registered, or None."""
+        self._ensure_plugins()
+        return next((i for i in self._infos.values() if i.target is obj), None)
 
     def create(self, name: str, children: Sequence[Any] | None = None, **options: Any) -> Pass:
         """Make the pass registered as ``name`` with ``options``."""
