@@ -30,7 +30,7 @@ import heapq
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from torch import fx
 
@@ -43,6 +43,7 @@ from .errors import (
     PassFailedError,
 )
 from .instrument import Instrumentation
+from .options import Option, Range
 from .recompile import DeferredRecompile
 from .report import PassRecord, Report
 from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
@@ -322,6 +323,11 @@ class Pipeline(Pass):
         return gm, modified
 
 
+#: A fixpoint's round limit: at least one round (the bound specs are checked against).
+Iterations = Annotated[int, Range(min=1)]
+_MAX_ITERATIONS = Option("max_iterations", Iterations)
+
+
 class Fixpoint(Pipeline):
     """Run passes in rounds until a round changes nothing, at most ``max_iterations`` rounds.
 
@@ -332,9 +338,15 @@ class Fixpoint(Pipeline):
 
     name = "fixpoint"
 
-    def __init__(self, passes: Iterable[Any] = (), *, max_iterations: int = 10, strict=False, **kw):
-        if max_iterations < 1:
-            raise ValueError(f"max_iterations must be at least 1, not {max_iterations}")
+    def __init__(
+        self,
+        passes: Iterable[Any] = (),
+        *,
+        max_iterations: Iterations = 10,
+        strict: bool = False,
+        **kw: Any,
+    ) -> None:
+        _MAX_ITERATIONS.convert(max_iterations)  # the option's declared bounds, as in specs
         super().__init__(passes, **kw)
         self.max_iterations = max_iterations
         self.strict = strict

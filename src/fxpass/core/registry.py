@@ -364,10 +364,6 @@ REGISTRY = Registry()
 def _register_builtins(reg: Registry) -> None:
     from .pipeline import Fixpoint, Pipeline
 
-    def fixpoint(passes: list, *, max_iterations: int = 10, strict: bool = False) -> Fixpoint:
-        """Run the nested passes in rounds until a round changes nothing."""
-        return Fixpoint(passes, max_iterations=max_iterations, strict=strict)
-
     def pipeline(passes: list) -> Pipeline:
         """A nested pipeline (groups passes, e.g. for constraints or reporting)."""
         return Pipeline(passes)
@@ -376,7 +372,7 @@ def _register_builtins(reg: Registry) -> None:
         """The default pipeline: the passes in the 'default' pass list."""
         return reg.pass_list("default").pipeline()
 
-    for fn in (fixpoint, pipeline):
+    for fn in (Fixpoint, pipeline):  # Fixpoint declares its options (and their bounds)
         info = reg._info_for(fn, None, True, "fxpass")
         info.factory = fn
         reg._infos[info.name] = info

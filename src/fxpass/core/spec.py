@@ -283,6 +283,12 @@ def _build(el: Element, spec: str, registry: Any) -> Any:
         return info.create(values, children, spec=el.text())
     except _Mismatch as e:
         raise OptionError(str(e), spec, el.column) from None
+    except (ValueError, TypeError) as e:  # a pass's own constructor refused its options
+        if isinstance(e, SpecError):
+            raise
+        raise OptionError(
+            f"pass '{el.name}' refused its options: {type(e).__name__}: {e}", spec, el.column
+        ) from None
 
 
 def build_pipeline(spec: str, registry: Any = None) -> Any:
