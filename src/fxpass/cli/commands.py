@@ -82,19 +82,27 @@ def list_cmd(as_json: bool) -> None:
             }
         )
         return
-    table = Table(title="registered passes", title_justify="left")
-    table.add_column("pass", style="bold")
-    table.add_column("options")
-    table.add_column("what it does")
-    for info in infos:
-        opts = ", ".join(o.describe() for o in info.options.values())
-        name = Text(info.name)
-        if not REGISTRY.is_enabled(info.name):
-            name.append(" [disabled]", style="dim")
-        table.add_row(name, opts, info.summary)
     out = stdout()
-    out.print(table)
-    out.print(f"default pipeline: {','.join(default) or '(empty)'}", markup=False)
+    out.print(_pass_table(infos, REGISTRY), soft_wrap=False)
+    out.print(Text("default pipeline: ", style="bold") + Text(", ".join(default) or "(empty)"))
+
+
+def _pass_table(infos: list, registry: Any) -> Table:
+    """One row per pass: its name, then what it does with each option on a line below,
+    wrapped (never cut) to the terminal's width; 80 columns read fine."""
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0),
+                  title="registered passes", title_justify="left", title_style="bold")  # fmt: skip
+    width = max((len(i.name) for i in infos), default=4)
+    table.add_column("pass", style="bold", no_wrap=True, min_width=width, max_width=width)
+    table.add_column("what it does", overflow="fold", ratio=1)
+    for info in infos:
+        text = Text(info.summary or "(no description)")
+        if not registry.is_enabled(info.name):
+            text.append(" [disabled]", style="dim")
+        for opt in info.options.values():
+            text.append("\n  " + opt.describe(), style="cyan")
+        table.add_row(info.name, text)
+    return table
 
 
 # ----- show -----------------------------------------------------------------------------------

@@ -329,7 +329,8 @@ _MAX_ITERATIONS = Option("max_iterations", Iterations)
 
 
 class Fixpoint(Pipeline):
-    """Run passes in rounds until a round changes nothing, at most ``max_iterations`` rounds.
+    """Run the nested passes in rounds until a round changes nothing (at most
+    ``max_iterations`` rounds).
 
     If the last allowed round still changed the graph, ``strict=True`` raises
     :class:`~fxpass.NonConvergenceError` (and the run rolls back); otherwise the report notes

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,9 +40,21 @@ __all__ = ["REGISTRY", "PassInfo", "PassList", "Registry", "resolve_import"]
 ENTRY_POINT_GROUP = "fxpass.passes"
 
 
+_ROLE = re.compile(r":[\w:.]+:`~?([^`<]*?)\s*(?:<[^>]*>)?`")
+
+
+def plain_text(rst: str) -> str:
+    """Docstring markup as plain text: ````x```` -> x, ``:func:`~a.b.f``` -> f."""
+    text = _ROLE.sub(
+        lambda m: m.group(1).rsplit(".", 1)[-1] if "~" in m.group(0) else m.group(1), rst
+    )
+    return text.replace("``", "")
+
+
 def _summary(obj: Any) -> tuple[str, str]:
     doc = inspect.getdoc(obj) or ""
-    return (doc.strip().split("\n\n", 1)[0].replace("\n", " ") if doc else ""), doc
+    first = doc.strip().split("\n\n", 1)[0].replace("\n", " ") if doc else ""
+    return plain_text(first), doc
 
 
 def _source(obj: Any) -> str:
