@@ -76,10 +76,11 @@ def test_imports_come_from_the_environment_then_the_flags(monkeypatch):
     assert allowed_imports(("my_ops", "extra")) == ["transformers", "my_ops", "other", "extra"]
 
 
-def in_process(args: list[str], capsys) -> Result:
-    """``fxpass ARGS`` run in this process (fast; the output is captured)."""
+def in_process(args: list[str], capsys, monkeypatch) -> Result:
+    """``fxpass ARGS`` run in this process (fast; the output is captured; sys.path restored)."""
     from fxpass.cli import main
 
+    monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(SystemExit) as exit_:
         main(args)
     captured = capsys.readouterr()
@@ -88,7 +89,7 @@ def in_process(args: list[str], capsys) -> Result:
 
 def test_a_missing_module_to_import(work: Path, capsys, monkeypatch):
     monkeypatch.chdir(work)
-    r = in_process(["show", "tiny.fxgraph", "--import", "no_such_module_here"], capsys)
+    r = in_process(["show", "tiny.fxgraph", "--import", "no_such_module_here"], capsys, monkeypatch)
     assert r.code == 3
     line = one_line_error(r)
     assert "cannot import no_such_module_here" in line and "ModuleNotFoundError" in line
@@ -97,7 +98,9 @@ def test_a_missing_module_to_import(work: Path, capsys, monkeypatch):
 def test_a_corrupted_weight_is_refused_and_nothing_is_written(work: Path, capsys, monkeypatch):
     member = flip_bytes(work / "tiny.pt2", work / "bad.pt2", "data/weights/weight_1", 200)
     monkeypatch.chdir(work)
-    r = in_process(["run", "bad.pt2", "-p", "cse", "-o", "out.pt2", "--verify"], capsys)
+    r = in_process(
+        ["run", "bad.pt2", "-p", "cse", "-o", "out.pt2", "--verify"], capsys, monkeypatch
+    )
     assert r.code == 3
     assert f"member {member} fails its checksum" in one_line_error(r)
     assert not (work / "out.pt2").exists()
@@ -133,5 +136,5 @@ def test_the_current_folder_is_on_the_import_path_in_every_command(
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(work))])
     for name in ("my_passes", "my_targets"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    r = in_process(args, capsys)
+    r = in_process(args, capsys, monkeypatch)
     assert r.code == 0, r.err

@@ -199,6 +199,7 @@ def test_allowed_packages_give_the_real_type(good, tmp_path, monkeypatch):
     )
     path = renamed(good, tmp_path / "late.pt2", TYPE, "fxp_late_types.outputs.Out")
     monkeypatch.chdir(tmp_path)  # the one import rule: the current folder is on the path
+    monkeypatch.setattr(sys, "path", list(sys.path))
     assert "fxp_late_types.outputs" not in sys.modules
     out = load(path, imports=["fxp_late_types"]).module()(X)
     assert type(out).__module__ == "fxp_late_types.outputs"

@@ -210,9 +210,14 @@ class Pipeline(Pass):
         return ",".join(p.spec for p in self.passes)
 
     @property
+    def head(self) -> str:
+        """How the pipeline is written around its nested passes: ``pipeline``, ``fixpoint{...}``."""
+        return "pipeline"
+
+    @property
     def spec(self) -> str:
         own = getattr(self, "_fxpass_spec", None)
-        return own or f"pipeline({self.body_spec})"
+        return own or f"{self.head}({self.body_spec})"
 
     def __str__(self) -> str:
         return getattr(self, "_fxpass_spec", None) or self.body_spec
@@ -353,17 +358,17 @@ class Fixpoint(Pipeline):
         self.strict = strict
 
     @property
-    def spec(self) -> str:
-        own = getattr(self, "_fxpass_spec", None)
-        if own:
-            return own
+    def head(self) -> str:
         opts = []
         if self.max_iterations != 10:
             opts.append(f"max_iterations={self.max_iterations}")
         if self.strict:
             opts.append("strict=true")
-        braces = "{" + " ".join(opts) + "}" if opts else ""
-        return f"fixpoint{braces}({self.body_spec})"
+        return "fixpoint" + ("{" + " ".join(opts) + "}" if opts else "")
+
+    @property
+    def spec(self) -> str:
+        return getattr(self, "_fxpass_spec", None) or f"{self.head}({self.body_spec})"
 
     def __str__(self) -> str:
         return self.spec

@@ -34,7 +34,7 @@ from .contract import FunctionPass, ObjectPass, Pass, PassResult
 from .errors import FxpassError, SpecError
 from .imports import cwd_on_path, import_modules, resolve_import
 from .instrument import Instrumentation
-from .pipeline import Fixpoint, Pipeline
+from .pipeline import Pipeline
 from .serialize import load_graph, save_graph
 from .spec import parse_spec
 
@@ -89,9 +89,7 @@ def _container_head(p: Pipeline) -> str:
         info = _registered(head[0])
         if info is not None and info.takes_pipeline and info.origin != "user":
             return head[0] + head[1]
-    if isinstance(p, Fixpoint):
-        return Fixpoint.spec.fget(p).rsplit("(" + p.body_spec + ")", 1)[0]
-    return "pipeline"
+    return p.head
 
 
 def _head(spec: str) -> tuple[str, str] | None:
