@@ -29,3 +29,12 @@ def test_package_requirement_is_a_range_and_dev_installs_pin_torch():
     assert '"torch>=2.6"' in pyproject
     for command in _readme_commands()[:2]:
         assert "torch==2.13.0" in command
+
+
+def test_numpy_is_a_dependency_so_torch_imports_without_a_warning():
+    """torch warns "Failed to initialize NumPy" at import when numpy is missing, and
+    `import fxpass` imports torch before any command could filter it: depend on numpy."""
+    deps = re.search(
+        r"^dependencies = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M
+    )
+    assert deps is not None and re.search(r'^\s*"numpy>=', deps.group(1), re.M)

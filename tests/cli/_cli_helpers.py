@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -24,13 +25,14 @@ class Result:
 
 
 def fxpass(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 240) -> Result:
-    """``python -m fxpass ARGS`` in ``cwd``, output piped (not a terminal)."""
+    """``fxpass ARGS`` in ``cwd`` as the installed console script runs it (the current folder
+    is not on the import path by itself), output piped (not a terminal)."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR")}
     full_env.update(env or {})
     paths = [str(HERE), str(VERIFY), full_env.get("PYTHONPATH", "")]
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "fxpass", *args],
+        [sys.executable, str(HERE / "fxpass_script.py"), *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,
@@ -73,3 +75,19 @@ def poisoned_copy(src: Path, dst: Path, marker: Path) -> Path:
                 data = buf.getvalue()
             zout.writestr(item, data)
     return dst
+
+
+def flip_bytes(src: Path, dst: Path, member_suffix: str, n: int) -> str:
+    """``src`` with ``n`` bytes flipped inside the data of the member ending with
+    ``member_suffix`` (its checksum left as it was, as a bad disk or download leaves it)."""
+    raw = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith(member_suffix))
+    name_len, extra_len = struct.unpack(
+        "<HH", raw[info.header_offset + 26 : info.header_offset + 30]
+    )
+    start = info.header_offset + 30 + name_len + extra_len
+    for i in range(start, start + min(n, info.file_size)):
+        raw[i] ^= 0xFF
+    dst.write_bytes(bytes(raw))
+    return info.filename

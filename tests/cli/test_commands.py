@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import planted_passes
+import pytest
 import torch
 from _cli_helpers import fxpass
 
@@ -29,7 +30,27 @@ def test_list_json(tmp_path: Path):
     by_name = {p["name"]: p for p in data["passes"]}
     assert "max_iterations" in by_name["fixpoint"]["options"]
     assert by_name["fixpoint"]["summary"].startswith("Run the nested passes")
+    assert r.err == ""  # no warnings on a clean run
     assert isinstance(data["default"], list)
+
+
+def test_list_reads_at_80_columns(monkeypatch, capsys):
+    from fxpass.cli import main
+    from fxpass.core.registry import REGISTRY
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exit_:
+        main(["list"])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 0 and err == ""
+    lines = out.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in out and "``" not in out and ":func:" not in out
+    flat = " ".join(line.strip() for line in lines)
+    for info in REGISTRY.infos():  # every name and option shows in full (wrapped, not cut)
+        assert any(line.startswith(info.name + " ") for line in lines)
+        for option in info.options:
+            assert f"{option}: " in flat
 
 
 def test_show_before_and_after_one_pass(work: Path):
@@ -93,7 +114,8 @@ def test_demo(tmp_path: Path):
     assert "fxpass demo: tiny Llama decoder (1 layers), default pipeline" in r.out
     assert "pipeline: default" in r.out  # the per-pass table
     assert "numerics against the original: 1 output matches" in r.out
-    assert "wrote report.html" in r.out
+    assert f"wrote {tmp_path / 'report.html'}" in r.out  # absolute
+    assert r.err == ""  # no third-party warnings on a clean run
     page = (tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "Passes" in page and "Numerics" in page
     if "changed," in r.out:  # once the default pipeline changes the graph: a block is shown

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,7 +85,7 @@ def test_unnamed_passes_are_flagged_in_the_readme(llama_gm, tmp_path):
     with pytest.raises(fp.PassFailedError):
         fp.Pipeline([local]).run(llama_gm, instrument=[CrashReproducer(tmp_path)])
     (folder,) = tmp_path.iterdir()
-    assert "have no name a spec can use" in (folder / "README.txt").read_text()
+    assert "have no importable name" in (folder / "README.txt").read_text()
 
 
 def test_a_reproducer_that_cannot_be_written_does_not_hide_the_error(llama_gm, tmp_path):
@@ -97,3 +99,131 @@ def test_a_reproducer_that_cannot_be_written_does_not_hide_the_error(llama_gm, t
 def test_loading_a_folder_that_is_not_a_reproducer_is_a_clear_error(tmp_path):
     with pytest.raises(fp.FxpassError, match="is not an fxpass reproducer folder"):
         load_reproducer(tmp_path)
+
+
+# ----- user passes of every kind, replayed from a fresh process -------------------------------
+KINDS_MODULE = """
+import torch
+import fxpass as fp
+from fxpass.rewrite import traced_rule
+
+aten = torch.ops.aten
+
+
+@fp.register("repro_kinds_fn")
+def fuse_mul_add(gm, *, scale: float = 1.0):
+    raise RuntimeError(f"function failed with scale={scale}")
+
+
+@fp.register("repro_kinds_class")
+class Explode(fp.Pass):
+    def __init__(self, *, times: int = 1):
+        self.times = times
+
+    def call(self, gm):
+        raise RuntimeError(f"class failed {self.times} times")
+
+
+def _refuse(x, y):
+    raise RuntimeError("rule set failed")
+
+
+rule_set = fp.rules("repro_kinds_rules", [(fp.P(aten.mul.Tensor, fp.P.var("x"), fp.P.var("y")), _refuse)])
+
+
+def _mul(x, y):
+    return x * y
+
+
+def _refuse_traced(x, y):
+    raise RuntimeError("traced rule failed")
+
+
+traced = fp.rules(
+    "repro_kinds_traced",
+    [traced_rule(_mul, _refuse_traced, [torch.randn(4), torch.randn(4)], trace_replacement=False)],
+)
+
+
+def _inner(gm):
+    raise RuntimeError("nested pipeline failed")
+
+
+nested = fp.Pipeline([fp.fixpoint(_inner)], name="repro_kinds_nested")
+"""
+
+REPLAY = """
+import sys
+import fxpass as fp
+from fxpass.core.reproducer import run_reproducer
+
+for folder in sys.argv[1:]:
+    try:
+        run_reproducer(folder)
+        print("no failure")
+    except fp.PassFailedError as e:
+        print(str(e).splitlines()[0])
+"""
+
+
+def _forget_module(request, name: str) -> None:
+    request.addfinalizer(lambda: sys.modules.pop(name, None))
+
+
+def test_every_kind_of_user_pass_replays_from_a_fresh_process(
+    llama_gm, tmp_path, monkeypatch, request
+):
+    from fxpass.core.registry import REGISTRY
+
+    (tmp_path / "repro_kinds.py").write_text(KINDS_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(REGISTRY, "_infos", dict(REGISTRY._infos))  # forget its passes after
+    _forget_module(request, "repro_kinds")
+    import repro_kinds as m
+
+    pipelines = {
+        "function": (fp.Pipeline.parse("cse,repro_kinds_fn{scale=2.0}"),
+                     "cse,repro_kinds:fuse_mul_add{scale=2.0}"),
+        "class": (fp.Pipeline.parse("repro_kinds_class{times=3}"),
+                  "repro_kinds:Explode{times=3}"),
+        "rule set": (fp.Pipeline([m.rule_set]), "repro_kinds:rule_set"),
+        "traced rule": (fp.Pipeline(["dce", m.traced]), "dce,repro_kinds:traced"),
+        "nested pipeline": (fp.Pipeline(["cse", m.nested]), "cse,repro_kinds:nested"),
+    }  # fmt: skip
+    folders, errors = [], []
+    for kind, (pipe, spec) in pipelines.items():
+        with pytest.raises(fp.PassFailedError) as err:
+            pipe.run(copy.deepcopy(llama_gm), instrument=[CrashReproducer(tmp_path / "r" / kind)])
+        (folder,) = (tmp_path / "r" / kind).iterdir()
+        assert (folder / "pipeline.txt").read_text().strip() == spec, kind
+        assert "warning" not in (folder / "README.txt").read_text()
+        folders.append(str(folder))
+        errors.append(str(err.value).splitlines()[0])
+    proc = subprocess.run(
+        [sys.executable, "-c", REPLAY, *folders],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == errors
+    assert "pass 'repro_kinds_class' failed: RuntimeError: class failed 3 times" in errors
+
+
+def test_a_reproducer_whose_passes_cannot_be_imported_says_so(
+    llama_gm, tmp_path, monkeypatch, request
+):
+    (tmp_path / "gone_passes.py").write_text("def boom(gm):\n    raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _forget_module(request, "gone_passes")
+    import gone_passes
+
+    with pytest.raises(fp.PassFailedError):
+        fp.Pipeline([gone_passes.boom]).run(llama_gm, instrument=[CrashReproducer(tmp_path / "r")])
+    (folder,) = (tmp_path / "r").iterdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    del sys.modules["gone_passes"]
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with pytest.raises(fp.FxpassError, match=r"cannot import pass 'gone_passes:boom'.*run it from"):
+        run_reproducer(folder)

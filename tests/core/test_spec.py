@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fxpass as fp
+from fxpass.core.options import Range
 from fxpass.core.registry import Registry, _register_builtins
 from fxpass.core.spec import parse_spec
 
@@ -20,6 +25,16 @@ def reg() -> Registry:
     @reg.register("fuse_add_rmsnorm")
     def fuse(gm, *, eps: float | None = None, dtypes: list[str] | None = None) -> bool:
         """Fuse."""
+        return False
+
+    @reg.register("picky")
+    class Picky(fp.Pass):
+        def __init__(self, *, limit: int = 1) -> None:
+            if limit == 0:
+                raise ValueError("zero")
+
+    @reg.register("bounded")
+    def bounded(gm, *, ratio: Annotated[float, Range(min=0.0, max=1.0)] = 0.5) -> bool:
         return False
 
     @reg.register("partition")
@@ -117,8 +132,21 @@ SEMANTIC = [
     ("fixpoint", 9, fp.SpecError, "takes a nested pipeline: write fixpoint(pass1,pass2)"),
     ("fixpoint{max_iterations=x}(cse)", 25, fp.OptionError, "expects int"),
     ("cse,no.such.module:fn", 5, fp.SpecError, "cannot import pass 'no.such.module:fn'"),
-    (f"{__name__}:module_level_pass{{a=1}}", 1, fp.SpecError, "takes no options"),
-]
+    (f"{__name__}:module_level_pass{{a=1}}", len(__name__) + 20, fp.SpecError,
+     "takes no options"),
+    ("fixpoint{max_iterations=0}(cse)", 25, fp.OptionError,
+     "option 'max_iterations' expects int >= 1, got '0'"),
+    ("fixpoint{max_iterations=[1]}(cse)", 25, fp.OptionError, "expects int >= 1, got a list"),
+    ("picky{limit=0}", 1, fp.OptionError, "pass 'picky' refused its options: ValueError: zero"),
+    ("bounded{ratio=1.5}", 15, fp.OptionError, "option 'ratio' expects float in [0.0, 1.0]"),
+    (f"{__name__}:scaled{{factor=-1}}", len(__name__) + 16, fp.OptionError,
+     "option 'factor' expects float >= 0.0, got '-1'"),
+]  # fmt: skip
+
+
+def scaled(gm, *, factor: Annotated[float, Range(min=0.0)] = 1.0) -> bool:
+    """A pass named by where it is defined, with a bounded option."""
+    return False
 
 
 @pytest.mark.parametrize(("spec", "column", "error", "message"), SEMANTIC)
@@ -133,3 +161,20 @@ def test_the_global_registry_is_the_default(llama_gm):
     with pytest.raises(fp.UnknownPassError):
         fp.Pipeline.parse("definitely_not_a_pass")
     assert str(fp.Pipeline.parse("fixpoint(default)")) == "fixpoint(default)"
+
+
+_TOKENS = ["cse", "dce", "fixpoint", "pipeline", "fuse_add_rmsnorm", "partition", "bounded",
+           "picky", "max_iterations", "eps", "ratio", "limit", "strict", "=", ",", "{", "}",
+           "(", ")", "[", "]", '"', "0", "-1", "1e-6", "1.5", "x", "true", "none", " ",
+           f"{__name__}:scaled", "factor", "no.such:thing"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_TOKENS), max_size=12))
+def test_parse_raises_only_spec_errors(reg, tokens):
+    """Whatever the text, parsing either builds a pipeline or raises a SpecError: never a
+    bare ValueError, TypeError or KeyError."""
+    try:
+        fp.Pipeline.parse("".join(tokens), reg)
+    except fp.SpecError as e:
+        assert e.column >= 1

@@ -90,3 +90,56 @@ def test_report_renders_in_chromium(browser, tmp_path, artifacts_dir):
     assert browser.execute_script("return document.title").startswith("fxpass report")
     browser.save_screenshot(str(artifacts_dir / "report.png"))
     assert (artifacts_dir / "report.png").stat().st_size > 10_000
+
+
+def test_a_whole_region_fits_without_scrolling_and_the_panel_folds(
+    browser, tmp_path, artifacts_dir
+):
+    """Pictures fit the page's width (a wide region goes full width, before above after), no
+    pane scrolls, and the node panel folds away to give the pictures its room."""
+    path = tmp_path / "wide.html"
+    report = HtmlReport(path, info={"target": "tiny decoder"})
+    fp.Pipeline.parse("remove_assert_ops,remove_noop,fuse_add_rmsnorm").run(
+        tiny_gm(), instrument=[report]
+    )
+    browser.set_window_size(1500, 1100)
+    browser.get(path.as_uri())
+    measure = """return Array.from(document.querySelectorAll('svg.graph')).map(function (s) {
+        var pane = s.closest('.side');
+        return {natural: Number(s.getAttribute('data-width')),
+                width: s.getBoundingClientRect().width, pane: pane.clientWidth,
+                scrolls: pane.scrollWidth > pane.clientWidth + 1
+                         || pane.scrollHeight > pane.clientHeight + 1,
+                stacked: pane.parentElement.classList.contains('stacked')};
+      });"""
+    pictures = browser.execute_script(measure)
+    assert pictures and not any(p["scrolls"] for p in pictures)
+    for p in pictures:  # fit to the pane's width, never blown up past the drawn size
+        assert abs(p["width"] - min(p["natural"], p["pane"])) <= 2, p
+    wide = [p for p in pictures if p["stacked"]]
+    assert wide and all(p["natural"] > p["pane"] / 2 for p in wide)
+    browser.execute_script("document.querySelector('.stacked').scrollIntoView()")
+    browser.save_screenshot(str(artifacts_dir / "report-wide.png"))
+    zoomed = """var side = document.querySelector('.stacked .side');
+        side.querySelector('button.zoom').click();
+        var svg = side.querySelector('svg.graph');
+        return [svg.getBoundingClientRect().width, Number(svg.getAttribute('data-width'))];"""
+    shown, natural = browser.execute_script(zoomed)  # "actual size": as drawn
+    assert abs(shown - natural) <= 2
+    browser.execute_script(zoomed)  # and back to fit
+    main_width = "return document.querySelector('main').clientWidth"
+    before = browser.execute_script(main_width)
+    browser.find_element("id", "panel-toggle").click()
+    browser.execute_script("return new Promise(function (r) { setTimeout(r, 300); })")
+    assert browser.execute_script("return document.body.classList.contains('panel-closed')")
+    assert browser.execute_script(main_width) > before + 200
+    assert not any(p["scrolls"] for p in browser.execute_script(measure))
+    browser.save_screenshot(str(artifacts_dir / "report-wide-panel-folded.png"))
+    node = browser.find_element("css selector", "g.node.changed, g.node.new")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", node)
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click'))", node)
+    assert not browser.execute_script("return document.body.classList.contains('panel-closed')")
+    assert (
+        node.get_attribute("data-id").split(":", 1)[1]
+        in browser.find_element("id", "panel-body").text
+    )

@@ -213,3 +213,16 @@ def test_a_deep_bf16_model_fused_differently_is_accepted_and_a_bug_is_not():
         if node.target is torch.ops.fxpass.fused_add_rmsnorm.default:
             node.args = (*node.args[:3], 1.0)  # eps 1e-6 -> 1.0: a wrong rewrite
     assert not compare_outputs(reference, run_graph(broken, inputs), truth=truth)
+
+
+def test_a_match_says_which_tolerance_applied_and_why():
+    x = torch.tensor([0.0, 1.0, -2.0], dtype=torch.bfloat16)
+    near = x + torch.tensor([0.0078, 0.0, 0.0], dtype=torch.bfloat16)  # rel error huge at 0
+    text = compare_outputs([x], [near]).summary()
+    assert text.startswith("1 output matches within bfloat16 tolerance (|error| <= 0.01 + ")
+    assert "bfloat16 values round differently in fused kernels" in text
+    assert text.endswith("(near zero, where atol applies)")
+    given = compare_outputs([x.float()], [x.float()], rtol=0.5, atol=0.0).summary()
+    assert "within the given tolerance (|error| <= 0 + 0.5·|expected|)" in given
+    ints = compare_outputs([torch.arange(3)], [torch.arange(3)]).summary()
+    assert ints.startswith("1 output matches exactly")

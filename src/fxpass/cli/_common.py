@@ -81,7 +81,8 @@ def check_writable(path: str | os.PathLike, what: str) -> Path:
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[str], Any], what: str) -> Path:
-    """Write through ``write(tmp_path)`` to a temporary file, then rename it into place."""
+    """Write through ``write(tmp_path)`` to a temporary file, then rename it into place;
+    returns the absolute path written (what the commands print)."""
     path = check_writable(path, what)
     # The temporary name keeps the suffix: torch.export.save wants a name ending in .pt2.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp.", suffix=path.suffix)
@@ -96,7 +97,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], Any], what: str
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return path.absolute()
 
 
 def _umask() -> int:

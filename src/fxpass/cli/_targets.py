@@ -2,9 +2,10 @@
 
 A TARGET is
 
-* a ``.pt2`` file (``torch.export.save``), loaded by ``torch.export.load`` with every pickle
-  path closed: tensors load with ``torch.load(weights_only=True)``, and a file that needs
-  anything else (pickled Python objects, which could run code) is refused;
+* a ``.pt2`` file (``torch.export.save``), loaded by :func:`fxpass.targets.pt2.load`: its
+  checksums and tensor sizes checked, every pickle path closed, and pytree types this process
+  does not know (a Hugging Face ``CausalLMOutputWithPast``) either imported from the packages
+  the user allowed with ``--import`` or kept as faithful stand-ins;
 * a ``.fxgraph`` file (:func:`fxpass.core.serialize.save_graph`), which holds no code;
 * ``module:function`` — imports ``module`` (from the current folder too) and calls
   ``function()``, which returns ``(model, example_inputs)``, an ExportedProgram or a
@@ -13,22 +14,43 @@ A TARGET is
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import logging
 import os
-import sys
-import types
-import warnings
-import zipfile
-from collections.abc import Iterator
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._common import LOAD, USAGE, CliError
+import click
+
+from ..core.imports import import_modules, resolve_import
+from ..targets.pt2 import Pt2Error, _quiet, load, stand_in_types
+from ._common import LOAD, USAGE, CliError, stderr
 
 TARGET_HELP = "TARGET is a .pt2 file, a .fxgraph file, or module:function (see docs/cli.md)."
+IMPORT_ENV = "FXPASS_IMPORT"
+
+
+def import_option(fn: Any) -> Any:
+    """``--import MODULE`` (repeatable) for the commands that load TARGETs."""
+    return click.option(
+        "--import",
+        "imports",
+        multiple=True,
+        metavar="MODULE",
+        help=f"Import MODULE before loading (repeatable; also ${IMPORT_ENV}, comma-separated). "
+        "It may register ops and output types, e.g. --import transformers.",
+    )(fn)
+
+
+def allowed_imports(given: Sequence[str]) -> list[str]:
+    """The modules to import: ``$FXPASS_IMPORT`` (comma or space separated), then ``--import``."""
+    from_env = re.split(r"[,\s]+", os.environ.get(IMPORT_ENV, "").strip())
+    out: list[str] = []
+    for name in [*from_env, *given]:
+        if name and name not in out:
+            out.append(name)
+    return out
 
 
 @dataclass
@@ -54,79 +76,23 @@ class Target:
         return self.program.graph_module if self.is_exported else self.program
 
 
-class _Refused(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _no_pickle() -> Iterator[None]:
-    """Close every path by which ``torch.export.load`` could unpickle arbitrary objects."""
-    import torch
-    from torch.export.pt2_archive import _package
-
-    real_load = torch.load
-
-    def weights_only_load(f: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs["weights_only"] = True
-        return real_load(f, *args, **kwargs)
-
-    def refuse(*_a: Any, **_k: Any) -> Any:
-        raise _Refused("the file holds pickled Python objects")
-
-    saved = (torch.load, _package.pickle, torch._C._pickle_load_obj)
-    torch.load = weights_only_load
-    _package.pickle = types.SimpleNamespace(loads=refuse, load=refuse)
-    torch._C._pickle_load_obj = refuse
+def _load_pt2(path: Path, imports: Sequence[str]) -> Target:
     try:
-        yield
-    finally:
-        torch.load, _package.pickle, torch._C._pickle_load_obj = saved
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """torch logs tracebacks while it tries fallbacks; the command reports one line instead."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
-
-
-def _load_pt2(path: Path) -> Target:
-    import pickle
-
-    import torch
-
-    if not zipfile.is_zipfile(path):
-        raise CliError(f"cannot load {path}: not a .pt2 archive (not a zip file)", LOAD)
-    try:
-        with _quiet(), _no_pickle():
-            ep = torch.export.load(path)
-    except _Refused as e:
-        raise CliError(
-            f"refusing to load {path}: {e}, which could run code; fxpass loads only "
-            "plain tensors from .pt2 files",
-            LOAD,
-        ) from e
-    except pickle.UnpicklingError as e:
-        found = [ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln]
-        what = f" ({found[0].rstrip('.')})" if found else ""
-        raise CliError(
-            f"refusing to load {path}: it holds pickled Python objects{what}, which could "
-            "run code; fxpass loads only plain tensors from .pt2 files",
-            LOAD,
-        ) from e
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise CliError(
-            f"cannot load {path}: damaged or not written by torch.export.save "
-            f"({type(e).__name__}: {first})",
-            LOAD,
-        ) from e
+        ep = load(path, imports=imports)
+    except Pt2Error as e:
+        raise CliError(str(e), LOAD) from e
+    unknown = stand_in_types(ep)
+    if unknown:
+        packages = sorted({name.split(".")[0] for name in unknown})
+        stderr().print(
+            f"note: {path} uses {', '.join(unknown)}, which this process does not know; it "
+            f"runs with a stand-in and is written back unchanged (--import "
+            f"{' --import '.join(packages)} gives the real type)",
+            style="dim",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     example = getattr(ep, "example_inputs", None)
     args, kwargs = (list(example[0]), dict(example[1])) if example else (None, {})
     return Target(str(path), "pt2", ep, args, kwargs)
@@ -151,13 +117,8 @@ def _load_python(ref: str, decompose: bool) -> Target:
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise CliError(f"TARGET {ref!r} is not module:function. {TARGET_HELP}", USAGE)
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj: Any = resolve_import(ref)
     except Exception as e:
         raise CliError(f"cannot import TARGET {ref}: {type(e).__name__}: {e}", LOAD) from e
     try:
@@ -193,8 +154,25 @@ def _load_python(ref: str, decompose: bool) -> Target:
     )
 
 
-def load_target(text: str, *, decompose: bool = True) -> Target:
-    """Load a TARGET (see the module docstring); every failure is a one-line CliError."""
+def import_allowed(imports: Sequence[str]) -> None:
+    """Import the ``--import`` modules (and FXPASS_IMPORT's); a failure is one line, exit 3."""
+    for module in imports:
+        try:
+            import_modules([module])
+        except Exception as e:
+            raise CliError(
+                f"cannot import {module} (named by --import or FXPASS_IMPORT): "
+                f"{type(e).__name__}: {e}",
+                LOAD,
+            ) from e
+
+
+def load_target(text: str, *, decompose: bool = True, imports: Sequence[str] = ()) -> Target:
+    """Load a TARGET (see the module docstring); every failure is a one-line CliError.
+
+    ``imports`` are imported first (``--import``); a .pt2 file may also import the modules
+    inside those packages that define the types it returns."""
+    import_allowed(imports)
     path = Path(text)
     looks_like_file = path.suffix in (".pt2", ".fxgraph") or os.sep in text or path.exists()
     if looks_like_file and not (":" in text and not path.exists() and path.suffix == ""):
@@ -204,7 +182,7 @@ def load_target(text: str, *, decompose: bool = True) -> Target:
             raise CliError(f"{text} is a folder; {TARGET_HELP}", LOAD)
         if path.suffix == ".fxgraph":
             return _load_fxgraph(path)
-        return _load_pt2(path)
+        return _load_pt2(path, imports)
     if ":" in text:
         return _load_python(text, decompose)
     raise CliError(f"no such file: {text}. {TARGET_HELP}", LOAD)

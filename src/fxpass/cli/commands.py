@@ -24,7 +24,7 @@ from ._common import (
     write_atomic,
 )
 from ._run import apply_pipeline, evaluate, evaluate_promoted, graph_inputs, parse_pipeline
-from ._targets import Target, load_target
+from ._targets import Target, allowed_imports, import_allowed, import_option, load_target
 
 _TOL = [
     click.option(
@@ -82,19 +82,27 @@ def list_cmd(as_json: bool) -> None:
             }
         )
         return
-    table = Table(title="registered passes", title_justify="left")
-    table.add_column("pass", style="bold")
-    table.add_column("options")
-    table.add_column("what it does")
-    for info in infos:
-        opts = ", ".join(o.describe() for o in info.options.values())
-        name = Text(info.name)
-        if not REGISTRY.is_enabled(info.name):
-            name.append(" [disabled]", style="dim")
-        table.add_row(name, opts, info.summary)
     out = stdout()
-    out.print(table)
-    out.print(f"default pipeline: {','.join(default) or '(empty)'}", markup=False)
+    out.print(_pass_table(infos, REGISTRY), soft_wrap=False)
+    out.print(Text("default pipeline: ", style="bold") + Text(", ".join(default) or "(empty)"))
+
+
+def _pass_table(infos: list, registry: Any) -> Table:
+    """One row per pass: its name, then what it does with each option on a line below,
+    wrapped (never cut) to the terminal's width; 80 columns read fine."""
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0),
+                  title="registered passes", title_justify="left", title_style="bold")  # fmt: skip
+    width = max((len(i.name) for i in infos), default=4)
+    table.add_column("pass", style="bold", no_wrap=True, min_width=width, max_width=width)
+    table.add_column("what it does", overflow="fold", ratio=1)
+    for info in infos:
+        text = Text(info.summary or "(no description)")
+        if not registry.is_enabled(info.name):
+            text.append(" [disabled]", style="dim")
+        for opt in info.options.values():
+            text.append("\n  " + opt.describe(), style="cyan")
+        table.add_row(info.name, text)
+    return table
 
 
 # ----- show -----------------------------------------------------------------------------------
@@ -102,13 +110,16 @@ def list_cmd(as_json: bool) -> None:
 @click.argument("target")
 @click.option("--pass", "-p", "spec", default=None, help="Show the graph before and after SPEC.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def show(target: str, spec: str | None, as_json: bool) -> None:
+@import_option
+def show(target: str, spec: str | None, as_json: bool, imports: tuple[str, ...]) -> None:
     """Print TARGET's graph, or the graph before and after one pass (or spec).
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
     """
+    imports = allowed_imports(imports)
+    import_allowed(imports)  # before the spec: a module may register passes
     pipeline = parse_pipeline(spec) if spec is not None else None
-    t = load_target(target)
+    t = load_target(target, imports=imports)
     out = stdout()
     before = _graph_code(t.graph_module)
     if pipeline is None:
@@ -167,8 +178,9 @@ def _print_changes(out, changes: list, modified: bool) -> None:
               help="On failure, write a reproducer folder under this folder.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @_tolerances
+@import_option
 def run(target, spec, output, print_after_change, print_after_all, timing, statistics,
-        verify, html, reproducer, as_json, rtol, atol) -> None:  # fmt: skip
+        verify, html, reproducer, as_json, rtol, atol, imports) -> None:  # fmt: skip
     """Run a pipeline on TARGET: print what each pass did, optionally verify and save.
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
@@ -176,13 +188,15 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     from ..core.errors import PassFailedError
     from ..core.instrument import PrintIR, Statistics, Timing
 
+    imports = allowed_imports(imports)
+    import_allowed(imports)
     pipeline = parse_pipeline(spec)
     if html:
         check_writable(html, "report")
     if output:  # fail before the (slow) load where the TARGET's name tells its kind
         check_writable(output, "output")
         _check_output_suffix(target, output)
-    t = load_target(target)
+    t = load_target(target, imports=imports)
     if output:
         _check_output_kind(t, output)
     instruments: list[Any] = []
@@ -211,7 +225,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     if reproducer:
         from ..core.reproducer import CrashReproducer
 
-        instruments.append(CrashReproducer(reproducer))
+        instruments.append(CrashReproducer(reproducer, imports=imports))
     try:
         result = apply_pipeline(t, pipeline, instruments)
     except PassFailedError as e:
@@ -295,7 +309,7 @@ def _report_run(t, result, check, final, written, html, as_json, diverged) -> No
                 if check is not None
                 else None,
                 "output": str(written) if written else None,
-                "html": html,
+                "html": str(Path(html).absolute()) if html else None,
             }
         )
         return
@@ -309,9 +323,9 @@ def _report_run(t, result, check, final, written, html, as_json, diverged) -> No
             Text(f"numerics at the end: {final.summary()}", style="green" if final.ok else "red")
         )
     if written:
-        out.print(f"wrote {written}", markup=False)
+        out.print(f"wrote {written}", markup=False, soft_wrap=True)
     if html:
-        out.print(f"wrote {html}", markup=False)
+        out.print(f"wrote {Path(html).absolute()}", markup=False, soft_wrap=True)
 
 
 # ----- diff -----------------------------------------------------------------------------------
@@ -322,14 +336,16 @@ def _report_run(t, result, check, final, written, html, as_json, diverged) -> No
               help="Write an HTML page with pictures of the differences.")  # fmt: skip
 @click.option("--exit-code", is_flag=True, help="Exit with 1 when the graphs differ.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def diff(a: str, b: str, html: str | None, exit_code: bool, as_json: bool) -> None:
+@import_option
+def diff(a: str, b: str, html: str | None, exit_code: bool, as_json: bool, imports) -> None:
     """Show what differs between the graphs of two TARGETs (matched by node name/provenance)."""
     from ..html.capture import diff_graphs
     from ..verify.testing import op_counts
 
     if html:
         check_writable(html, "report")
-    ta, tb = load_target(a), load_target(b)
+    imports = allowed_imports(imports)
+    ta, tb = load_target(a, imports=imports), load_target(b, imports=imports)
     change = diff_graphs(ta.graph_module, tb.graph_module, name=f"{a} -> {b}", max_hunks=20)
     ca, cb = op_counts(ta.graph_module), op_counts(tb.graph_module)
     ops = {k: (ca.get(k, 0), cb.get(k, 0)) for k in sorted(set(ca) | set(cb)) if ca[k] != cb[k]}
@@ -381,15 +397,18 @@ def _print_diff(change, ops: dict, same: bool) -> None:
 @click.option("-p", "--pipeline", "spec", default=None, help="Pipeline spec (default: 'default').")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @_tolerances
-def bisect_cmd(target: str, spec: str | None, as_json: bool, rtol, atol) -> None:
+@import_option
+def bisect_cmd(target: str, spec: str | None, as_json: bool, rtol, atol, imports) -> None:
     """Find the first pass, and the first single rewrite, that breaks numerics.
 
     Exits 4 when it found one, 0 when numerics hold after every pass.
     """
     from ..verify.bisect import bisect
 
+    imports = allowed_imports(imports)
+    import_allowed(imports)
     pipeline = parse_pipeline(spec)
-    t = load_target(target)
+    t = load_target(target, imports=imports)
     err = stderr()
     program = t.program
     inputs = t.args if t.is_exported else graph_inputs(t)
@@ -411,11 +430,14 @@ def bisect_cmd(target: str, spec: str | None, as_json: bool, rtol, atol) -> None
 @click.argument("path")
 @click.option("-p", "--pipeline", "spec", default=None,
               help="For a .fxgraph file: the pipeline to run on it.")  # fmt: skip
-def repro(path: str, spec: str | None) -> None:
+@import_option
+def repro(path: str, spec: str | None, imports: tuple[str, ...]) -> None:
     """Re-run a crash reproducer folder (or a pipeline on a .fxgraph file).
 
     Fails exactly as the original run did: the same error, exit code 1.
     """
+    imports = allowed_imports(imports)
+    import_allowed(imports)
     p = Path(path)
     if p.is_dir():
         from ..core.errors import FxpassError, PassFailedError
@@ -432,7 +454,7 @@ def repro(path: str, spec: str | None) -> None:
         return
     if not p.exists():
         raise CliError(f"no such reproducer folder or file: {path}", LOAD)
-    t = load_target(path)
+    t = load_target(path, imports=imports)
     pipeline = parse_pipeline(spec)
     result = apply_pipeline(t, pipeline, [])
     stdout().print(result.report)

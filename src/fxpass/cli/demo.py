@@ -118,7 +118,7 @@ def _json(t, result: ApplyResult, check, final, block, html_path) -> None:
                 "final": final.to_dict(),
             },
             "fused_block": fused,
-            "html": str(html_path) if html_path else None,
+            "html": str(html_path.absolute()) if html_path else None,
         }
     )
 
@@ -146,5 +146,5 @@ def _print(t, result: ApplyResult, check, final, block, html_path, npasses: int)
     elif npasses:
         out.print("no pass changed the graph", style="dim")
     if html_path is not None:
-        out.print(f"wrote {html_path}", markup=False)
+        out.print(f"wrote {html_path.absolute()}", markup=False, soft_wrap=True)
     sys.stdout.flush()

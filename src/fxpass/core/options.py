@@ -3,7 +3,12 @@
 A registered function pass declares options as keyword parameters with annotations and
 defaults (``def fuse(gm, *, eps: float | None = None)``); a :class:`~fxpass.Pass` subclass
 declares them as ``__init__`` parameters. Supported types: ``bool``, ``int``, ``float``,
-``str``, ``Literal[...]``, ``X | None`` and lists/tuples of those scalars.
+``str``, ``Literal[...]``, ``X | None`` and lists/tuples of those scalars. Bounds ride on the
+type with :class:`Range`: ``max_iterations: Annotated[int, Range(min=1)] = 10``.
+
+This module is the one place option values are checked: a spec is checked while it is
+parsed (a bad value is a :class:`~fxpass.SpecError` pointing at its column), and
+``registry.create(name, **options)`` checks Python values the same way.
 """
 
 from __future__ import annotations
@@ -18,10 +23,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Option", "options_of"]
+__all__ = ["Option", "Range", "options_of"]
 
 _MISSING = inspect.Parameter.empty
 _BARE = re.compile(r"^[A-Za-z0-9_.+\-:/*]+$")
+
+
+@dataclass(frozen=True)
+class Range:
+    """Inclusive bounds of a numeric option, written into its type:
+    ``Annotated[int, Range(min=1)]``, ``Annotated[float, Range(min=0.0, max=1.0)]``."""
+
+    min: float | None = None
+    max: float | None = None
+
+    def __str__(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"in [{format_value(self.min)}, {format_value(self.max)}]"
+        if self.min is not None:
+            return f">= {format_value(self.min)}"
+        return f"<= {format_value(self.max)}" if self.max is not None else ""
+
+    def admits(self, value: Any) -> bool:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return True  # not a number (e.g. None in `int | None`): the type decides
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,10 @@ def _type_name(ann: Any) -> str:
     origin = typing.get_origin(ann)
     if ann is Any or ann is _MISSING:
         return "any"
+    if origin is typing.Annotated:
+        base, *extras = typing.get_args(ann)
+        bounds = " ".join(str(e) for e in extras if isinstance(e, Range))
+        return f"{_type_name(base)} {bounds}".strip()
     if origin is typing.Literal:
         return "one of " + "|".join(format_value(a) for a in typing.get_args(ann))
     if origin in (typing.Union, types.UnionType):
@@ -95,6 +125,12 @@ class _Mismatch(ValueError):
 def _convert(ann: Any, value: Any, name: str) -> Any:
     origin = typing.get_origin(ann)
     if ann is Any or ann is _MISSING:
+        return value
+    if origin is typing.Annotated:
+        base, *extras = typing.get_args(ann)
+        value = _convert(base, value, name)
+        if not all(e.admits(value) for e in extras if isinstance(e, Range)):
+            raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
         return value
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(ann):
@@ -152,6 +188,11 @@ def _parse_scalar(ann: Any, text: str, quoted: bool, name: str) -> Any:
 
 def _parse(ann: Any, raw: str | list, quoted: bool, name: str) -> Any:
     if isinstance(raw, list):
+        if typing.get_origin(ann) is typing.Annotated:
+            base = typing.get_args(ann)[0]
+            if typing.get_origin(base) not in (list, tuple, typing.Union, types.UnionType):
+                raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got a list")
+            return _convert(ann, _parse(base, raw, quoted, name), name)
         origin = typing.get_origin(ann)
         if origin in (typing.Union, types.UnionType):
             ann = next(
@@ -169,7 +210,7 @@ def _parse(ann: Any, raw: str | list, quoted: bool, name: str) -> Any:
 def _type_hints(fn: Callable) -> dict[str, Any]:
     """Annotations resolved to types; an annotation that cannot be resolved stays ``Any``."""
     try:
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(fn, include_extras=True)
     except Exception:
         pass
     namespace = {**vars(__import__("builtins")), **getattr(fn, "__globals__", {})}

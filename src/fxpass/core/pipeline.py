@@ -30,7 +30,7 @@ import heapq
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from torch import fx
 
@@ -43,6 +43,7 @@ from .errors import (
     PassFailedError,
 )
 from .instrument import Instrumentation
+from .options import Option, Range
 from .recompile import DeferredRecompile
 from .report import PassRecord, Report
 from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
@@ -209,9 +210,14 @@ class Pipeline(Pass):
         return ",".join(p.spec for p in self.passes)
 
     @property
+    def head(self) -> str:
+        """How the pipeline is written around its nested passes: ``pipeline``, ``fixpoint{...}``."""
+        return "pipeline"
+
+    @property
     def spec(self) -> str:
         own = getattr(self, "_fxpass_spec", None)
-        return own or f"pipeline({self.body_spec})"
+        return own or f"{self.head}({self.body_spec})"
 
     def __str__(self) -> str:
         return getattr(self, "_fxpass_spec", None) or self.body_spec
@@ -322,8 +328,14 @@ class Pipeline(Pass):
         return gm, modified
 
 
+#: A fixpoint's round limit: at least one round (the bound specs are checked against).
+Iterations = Annotated[int, Range(min=1)]
+_MAX_ITERATIONS = Option("max_iterations", Iterations)
+
+
 class Fixpoint(Pipeline):
-    """Run passes in rounds until a round changes nothing, at most ``max_iterations`` rounds.
+    """Run the nested passes in rounds until a round changes nothing (at most
+    ``max_iterations`` rounds).
 
     If the last allowed round still changed the graph, ``strict=True`` raises
     :class:`~fxpass.NonConvergenceError` (and the run rolls back); otherwise the report notes
@@ -332,25 +344,31 @@ class Fixpoint(Pipeline):
 
     name = "fixpoint"
 
-    def __init__(self, passes: Iterable[Any] = (), *, max_iterations: int = 10, strict=False, **kw):
-        if max_iterations < 1:
-            raise ValueError(f"max_iterations must be at least 1, not {max_iterations}")
+    def __init__(
+        self,
+        passes: Iterable[Any] = (),
+        *,
+        max_iterations: Iterations = 10,
+        strict: bool = False,
+        **kw: Any,
+    ) -> None:
+        _MAX_ITERATIONS.convert(max_iterations)  # the option's declared bounds, as in specs
         super().__init__(passes, **kw)
         self.max_iterations = max_iterations
         self.strict = strict
 
     @property
-    def spec(self) -> str:
-        own = getattr(self, "_fxpass_spec", None)
-        if own:
-            return own
+    def head(self) -> str:
         opts = []
         if self.max_iterations != 10:
             opts.append(f"max_iterations={self.max_iterations}")
         if self.strict:
             opts.append("strict=true")
-        braces = "{" + " ".join(opts) + "}" if opts else ""
-        return f"fixpoint{braces}({self.body_spec})"
+        return "fixpoint" + ("{" + " ".join(opts) + "}" if opts else "")
+
+    @property
+    def spec(self) -> str:
+        return getattr(self, "_fxpass_spec", None) or f"{self.head}({self.body_spec})"
 
     def __str__(self) -> str:
         return self.spec

@@ -20,8 +20,8 @@ and :meth:`PassList.dump`, :meth:`PassList.remove`, :meth:`PassList.apply` do th
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,16 +32,29 @@ from torch import fx
 
 from .contract import FunctionPass, Pass, PassResult, _is_lowering
 from .errors import OptionError, UnknownPassError
+from .imports import resolve_import
 from .options import Option, _Mismatch, format_value, options_of
 
-__all__ = ["REGISTRY", "PassInfo", "PassList", "Registry"]
+__all__ = ["REGISTRY", "PassInfo", "PassList", "Registry", "resolve_import"]
 
 ENTRY_POINT_GROUP = "fxpass.passes"
 
 
+_ROLE = re.compile(r":[\w:.]+:`~?([^`<]*?)\s*(?:<[^>]*>)?`")
+
+
+def plain_text(rst: str) -> str:
+    """Docstring markup as plain text: ````x```` -> x, ``:func:`~a.b.f``` -> f."""
+    text = _ROLE.sub(
+        lambda m: m.group(1).rsplit(".", 1)[-1] if "~" in m.group(0) else m.group(1), rst
+    )
+    return text.replace("``", "")
+
+
 def _summary(obj: Any) -> tuple[str, str]:
     doc = inspect.getdoc(obj) or ""
-    return (doc.strip().split("\n\n", 1)[0].replace("\n", " ") if doc else ""), doc
+    first = doc.strip().split("\n\n", 1)[0].replace("\n", " ") if doc else ""
+    return plain_text(first), doc
 
 
 def _source(obj: Any) -> str:
@@ -65,6 +78,8 @@ class PassInfo:
     origin: str = "fxpass"
     takes_pipeline: bool = False
     statistics: Mapping[str, str] = field(default_factory=dict)
+    #: what was registered (the function, Pass class or object), for import references
+    target: Any = None
 
     def create(
         self,
@@ -259,6 +274,7 @@ class Registry:
             origin=origin,
             takes_pipeline=takes_pipeline,
             statistics=dict(getattr(obj, "statistics", {}) or {}),
+            target=obj,
         )
 
     def unregister(self, name: str) -> PassInfo:
@@ -307,6 +323,12 @@ class Registry:
             close = difflib.get_close_matches(name, list(self._infos), n=3, cutoff=0.6)
             raise UnknownPassError(name, close) from None
 
+    def info_of(self, obj: Any) -> PassInfo | None:
+        """The :class:`PassInfo` under which ``obj`` (a function, Pass class or object) is
+        registered, or None."""
+        self._ensure_plugins()
+        return next((i for i in self._infos.values() if i.target is obj), None)
+
     def create(self, name: str, children: Sequence[Any] | None = None, **options: Any) -> Pass:
         """Make the pass registered as ``name`` with ``options``."""
         info = self.get(name)
@@ -349,24 +371,11 @@ class Registry:
         return "\n".join(lines)
 
 
-def resolve_import(ref: str) -> Any:
-    """Import ``package.module:attr`` (a pass named by where it is defined)."""
-    module_name, _, attr = ref.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 REGISTRY = Registry()
 
 
 def _register_builtins(reg: Registry) -> None:
     from .pipeline import Fixpoint, Pipeline
-
-    def fixpoint(passes: list, *, max_iterations: int = 10, strict: bool = False) -> Fixpoint:
-        """Run the nested passes in rounds until a round changes nothing."""
-        return Fixpoint(passes, max_iterations=max_iterations, strict=strict)
 
     def pipeline(passes: list) -> Pipeline:
         """A nested pipeline (groups passes, e.g. for constraints or reporting)."""
@@ -376,7 +385,7 @@ def _register_builtins(reg: Registry) -> None:
         """The default pipeline: the passes in the 'default' pass list."""
         return reg.pass_list("default").pipeline()
 
-    for fn in (fixpoint, pipeline):
+    for fn in (Fixpoint, pipeline):  # Fixpoint declares its options (and their bounds)
         info = reg._info_for(fn, None, True, "fxpass")
         info.factory = fn
         reg._infos[info.name] = info

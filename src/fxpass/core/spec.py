@@ -7,8 +7,11 @@ Grammar (spaces are allowed around the punctuation)::
     options  := "{" (KEY "=" value)* "}"      options separated by spaces or commas
     value    := WORD | "quoted string" | "[" value ("," value)* "]"
 
-``NAME`` is a registered pass (``fxpass list`` shows them) or ``package.module:function`` for
-a pass that is not registered. Passes that take a nested pipeline (``fixpoint``,
+``NAME`` is a registered pass (``fxpass list`` shows them) or ``package.module:qualname``, a
+pass defined in Python: a function, a ``Pass`` class, or a pass object (a rule set, a
+``Pipeline``). It is imported from the current folder too; a function or ``Pass`` class
+takes options as a registered pass does (declared by its signature), and a registered one
+keeps its registered name. Passes that take a nested pipeline (``fixpoint``,
 ``pipeline``) take one in parentheses. ``str()`` of the parsed pipeline prints the spec back:
 options in ``{a=1 b=2}`` form with their values as written.
 
@@ -19,11 +22,15 @@ option and the type it expects.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .contract import Pass, as_pass
 from .errors import OptionError, SpecError, UnknownPassError
+from .imports import resolve_import
 from .options import _Mismatch
 
 __all__ = ["Element", "build_pipeline", "parse_spec"]
@@ -214,28 +221,47 @@ def parse_spec(spec: str) -> list[Element]:
     return parser.pipeline(None)
 
 
-def _build(el: Element, spec: str, registry: Any) -> Any:
-    from .contract import as_pass
-    from .registry import resolve_import
-
-    if ":" in el.name:
-        if el.options or el.children is not None:
-            raise SpecError(
-                f"'{el.name}' names a Python function; it takes no options or nested passes",
-                spec,
-                el.column,
-            )
-        try:
-            p = as_pass(resolve_import(el.name))
-        except Exception as e:
-            raise SpecError(
-                f"cannot import pass '{el.name}': {type(e).__name__}: {e}", spec, el.column
-            ) from None
-        return p
+def _reference(el: Element, spec: str, registry: Any) -> Any:
+    """The PassInfo for ``module:qualname`` (registered, or read from the object's
+    signature when options are given), or the pass itself for other objects."""
     try:
-        info = registry.get(el.name)
-    except UnknownPassError as e:
-        raise UnknownPassError(el.name, e.suggestions, spec, el.column) from None
+        obj = resolve_import(el.name)
+    except Exception as e:
+        raise SpecError(
+            f"cannot import pass '{el.name}': {type(e).__name__}: {e}", spec, el.column
+        ) from None
+    info = registry.info_of(obj)
+    is_factory = inspect.isfunction(obj) or (isinstance(obj, type) and issubclass(obj, Pass))
+    if info is None and is_factory and el.options:
+        info = registry._info_for(obj, None, False, "user")  # options from its signature
+    if info is not None:
+        return info
+    if el.options or el.children is not None:
+        raise SpecError(
+            f"'{el.name}' is a {type(obj).__name__}, not a registered pass, function or Pass "
+            "class; it takes no options or nested passes",
+            spec,
+            el.column,
+        )
+    try:
+        p = as_pass(obj)
+    except TypeError as e:
+        raise SpecError(f"'{el.name}': {e}", spec, el.column) from None
+    p = copy.copy(p) if p is obj else p  # the module's object stays as it was
+    p._fxpass_spec = el.text()  # prints back as the reference
+    return p
+
+
+def _build(el: Element, spec: str, registry: Any) -> Any:
+    if ":" in el.name:
+        info = _reference(el, spec, registry)
+        if isinstance(info, Pass):
+            return info
+    else:
+        try:
+            info = registry.get(el.name)
+        except UnknownPassError as e:
+            raise UnknownPassError(el.name, e.suggestions, spec, el.column) from None
     if el.children is not None and not info.takes_pipeline:
         raise SpecError(f"pass '{el.name}' does not take a nested pipeline", spec, el.paren_column)
     if el.children is None and info.takes_pipeline:
@@ -257,6 +283,12 @@ def _build(el: Element, spec: str, registry: Any) -> Any:
         return info.create(values, children, spec=el.text())
     except _Mismatch as e:
         raise OptionError(str(e), spec, el.column) from None
+    except (ValueError, TypeError) as e:  # a pass's own constructor refused its options
+        if isinstance(e, SpecError):
+            raise
+        raise OptionError(
+            f"pass '{el.name}' refused its options: {type(e).__name__}: {e}", spec, el.column
+        ) from None
 
 
 def build_pipeline(spec: str, registry: Any = None) -> Any:

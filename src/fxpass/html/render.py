@@ -2,9 +2,14 @@
 
 It shows the pipeline summary (per-pass time, changes, node counts, statistics), the
 numerics checks when there were any, and for each pass that changed the graph a picture of
-each changed region before and after. Hovering a node shows its op, shape, dtype and
-provenance in a tooltip and in the side panel, and lights up the same node (or the nodes it
-replaced) in the other picture.
+each changed region before and after. Pictures fit the page's width, so a whole region is
+seen without scrolling inside a pane: before and after side by side when both are readable
+that way, else one above the other. Hovering a node shows its op, shape, dtype and
+provenance in a tooltip and in the side panel (which folds away to give the pictures the
+whole width), and lights up the same node (or the nodes it replaced) in the other picture.
+
+The page is a list of sections (header, passes, numerics, changes), each built by one
+function from the report's data; a new kind of section adds one function and one entry.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ _CSS = """
 *{box-sizing:border-box}
 body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:var(--ink);
 background:#fff}
-main{margin-right:340px;padding:16px 24px}
+main{margin-right:340px;padding:16px 24px;transition:margin-right .15s}
+body.panel-closed main{margin-right:44px}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid
 var(--line);padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
 code,.mono,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
@@ -44,10 +50,13 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .ok{color:var(--new)}.bad{color:var(--rm);font-weight:600}.failed{color:var(--rm)}
 .hunk{border:1px solid var(--line);border-radius:6px;margin:10px 0;padding:6px 10px}
 .sides{display:grid;grid-template-columns:1fr 1fr;gap:12px}
-.side{overflow:auto;max-height:640px;border:1px solid #eee;border-radius:4px;background:#fff}
-.side h4{margin:0;padding:4px 8px;font-size:12px;color:var(--mute);background:#f8f9fa;
-position:sticky;top:0;left:0}
-svg.graph{display:block}
+.sides.stacked{grid-template-columns:1fr}
+.side{min-width:0;border:1px solid #eee;border-radius:4px;background:#fff}
+.side h4{margin:0;padding:4px 8px;font-size:12px;color:var(--mute);background:#f8f9fa}
+svg.graph{display:block;width:100%;height:auto;margin:0 auto}
+.side h4 button{float:right;border:0;background:none;color:#1a73e8;cursor:pointer;font:inherit}
+.side.natural{overflow:auto;max-height:90vh}
+.side.natural svg.graph{width:auto;max-width:none!important}
 svg .node rect{stroke-width:1.5;fill:var(--ctx-bg);stroke:var(--ctx)}
 svg .node.context rect{stroke-dasharray:3 2}
 svg .node.context text{fill:var(--mute)}
@@ -63,8 +72,14 @@ svg text.name{font-weight:600}svg text.type{fill:var(--mute)}
 svg .edge{fill:none;stroke:#b0b4b9;stroke-width:1.2}svg .edge.hot{stroke:#5f6368}
 svg .arrowhead{fill:#80868b}
 aside{position:fixed;top:0;right:0;width:330px;height:100vh;overflow:auto;border-left:1px solid
-var(--line);background:#fafafa;padding:12px 14px}
-aside h2{margin-top:0}aside dt{font-weight:600;margin-top:6px;font-size:12px;color:var(--mute)}
+var(--line);background:#fafafa;padding:12px 14px;transition:width .15s}
+aside header{display:flex;align-items:center;gap:8px}
+aside h2{margin:0;flex:1;border:0}
+#panel-toggle{border:1px solid var(--line);background:#fff;border-radius:4px;cursor:pointer;
+font:inherit;font-size:12px;padding:2px 8px}
+body.panel-closed aside{width:36px;padding:12px 4px;overflow:hidden}
+body.panel-closed aside h2,body.panel-closed #panel-body{display:none}
+body.panel-closed #panel-toggle{writing-mode:vertical-rl;padding:8px 2px}aside dt{font-weight:600;margin-top:6px;font-size:12px;color:var(--mute)}
 aside dd{margin:0;word-break:break-word}
 .legend span{margin-right:10px}
 details>summary{cursor:pointer}
@@ -117,12 +132,51 @@ _JS = """
     lit = peers(g);
     lit.forEach(function (el) { el.classList.add("peer"); });
   }
+  var toggle = document.getElementById("panel-toggle");
+  function panel(open) {
+    document.body.classList.toggle("panel-closed", !open);
+    if (toggle) {
+      toggle.setAttribute("aria-expanded", String(open));
+      toggle.textContent = open ? "hide \u25b8" : "\u25c2 node";
+    }
+    fit();
+  }
+  // Before and after side by side while both fit at a readable scale, else one above the
+  // other: a whole region is always seen without scrolling inside a pane.
+  function fit() {
+    document.querySelectorAll(".sides").forEach(function (sides) {
+      sides.classList.remove("stacked");
+      var half = sides.clientWidth / 2;
+      var widest = 0;
+      sides.querySelectorAll("svg.graph").forEach(function (svg) {
+        widest = Math.max(widest, Number(svg.getAttribute("data-width")) || 0);
+      });
+      if (widest > half * 1.4) sides.classList.add("stacked");
+    });
+    document.querySelectorAll(".side").forEach(function (side) {
+      var svg = side.querySelector("svg.graph"), b = side.querySelector("button.zoom");
+      if (!svg || !b || side.classList.contains("natural")) return;
+      b.hidden = svg.getBoundingClientRect().width >= Number(svg.getAttribute("data-width")) - 1;
+    });
+  }
+  if (toggle) toggle.addEventListener("click", function () {
+    panel(document.body.classList.contains("panel-closed"));
+  });
   document.querySelectorAll("g.node").forEach(function (g) {
     var go = function () { show(g.getAttribute("data-id")); light(g); };
     g.addEventListener("mouseenter", go);
     g.addEventListener("focus", go);
-    g.addEventListener("click", go);
+    g.addEventListener("click", function () { go(); panel(true); });
   });
+  // A picture shrunk to fit can be seen at the size it was drawn (then its pane scrolls).
+  document.querySelectorAll("button.zoom").forEach(function (b) {
+    b.addEventListener("click", function () {
+      var natural = b.closest(".side").classList.toggle("natural");
+      b.textContent = natural ? "fit to width" : "actual size";
+    });
+  });
+  window.addEventListener("resize", fit);
+  panel(window.innerWidth >= 1100);
 })();
 """
 
@@ -207,7 +261,8 @@ def _hunk_html(hunk: Hunk, prefix: str, details: dict[str, Any], number: int) ->
     for tag, title, sub in (("b", "before", hunk.before), ("a", "after", hunk.after)):
         note = f" ({sub.truncated} more nodes not drawn)" if sub.truncated else ""
         svg = render_svg(sub, f"{prefix}{tag}", details) if sub.nodes else "<p class='sub'>-</p>"
-        sides.append(f"<div class='side'><h4>{title}{note}</h4>{svg}</div>")
+        zoom = "<button type='button' class='zoom'>actual size</button>" if sub.nodes else ""
+        sides.append(f"<div class='side'><h4>{title}{note}{zoom}</h4>{svg}</div>")
     return (
         f"<div class='hunk'><div>region {number}{more} {badges}</div>"
         f"<div class='sides'>{''.join(sides)}</div></div>"
@@ -242,6 +297,43 @@ def _change_html(change: PassChange, index: int, details: dict[str, Any]) -> str
     )
 
 
+def _header_section(report: Any, title: str, info: dict[str, Any] | None) -> str:
+    facts = dict(info or {})
+    if report is not None:
+        root = report.root
+        facts.setdefault("pipeline", report.spec or root.name)
+        facts["time"] = f"{root.seconds * 1e3:.1f} ms"
+        facts["nodes"] = f"{root.nodes_before} → {root.nodes_after}"
+        facts["changed"] = "yes" if report.modified else "no"
+        if report.error:
+            facts["error"] = report.error
+    facts["generated"] = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    rows = "".join(
+        f"<tr><th>{_e(k)}</th><td class='mono'>{_e(v)}</td></tr>" for k, v in facts.items()
+    )
+    return f"<h1>{_e(title)}</h1><table class='facts'>{rows}</table>"
+
+
+def _passes_section(report: Any, anchors: dict[str, str]) -> str:
+    if report is None:
+        return ""
+    suppressed = "".join(f"<p class='failed'>suppressed: {_e(s)}</p>" for s in report.suppressed)
+    return "<h2 id='summary'>Passes</h2>" + _summary_table(report, anchors) + suppressed
+
+
+def _changes_section(changes: Sequence[PassChange], details: dict[str, Any]) -> str:
+    legend = (
+        "<h2 id='changes'>Changes</h2><p class='legend'>"
+        "<span class='badge b-new'>new</span><span class='badge b-removed'>removed</span>"
+        "<span class='badge b-changed'>changed</span><span class='badge b-rewired'>rewired "
+        "(same op, new inputs)</span><span class='sub'>grey, dashed: neighbours for context; "
+        "hover a node for its details</span></p>"
+    )
+    if not changes:
+        return legend + "<p class='sub'>No pass changed the graph.</p>"
+    return legend + "".join(_change_html(ch, i, details) for i, ch in enumerate(changes))
+
+
 def render_html(
     report: Any = None,
     changes: Sequence[PassChange] = (),
@@ -263,41 +355,14 @@ def render_html(
     anchors: dict[str, str] = {}
     for i, ch in enumerate(changes):
         anchors.setdefault(ch.name, f"change-{i}")
-    head = [f"<h1>{_e(title)}</h1>"]
-    facts = dict(info or {})
-    if report is not None:
-        root = report.root
-        facts.setdefault("pipeline", report.spec or root.name)
-        facts["time"] = f"{root.seconds * 1e3:.1f} ms"
-        facts["nodes"] = f"{root.nodes_before} → {root.nodes_after}"
-        facts["changed"] = "yes" if report.modified else "no"
-        if report.error:
-            facts["error"] = report.error
-    facts["generated"] = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    head.append(
-        "<table class='facts'>"
-        + "".join(
-            f"<tr><th>{_e(k)}</th><td class='mono'>{_e(v)}</td></tr>" for k, v in facts.items()
-        )
-        + "</table>"
-    )
-    body = ["".join(head)]
-    if report is not None:
-        body.append("<h2 id='summary'>Passes</h2>" + _summary_table(report, anchors))
-        body.extend(f"<p class='failed'>suppressed: {_e(s)}</p>" for s in report.suppressed)
-    if numerics or final_numerics is not None:
-        body.append(_numerics_section(numerics, final_numerics))
-    body.append(
-        "<h2 id='changes'>Changes</h2><p class='legend'>"
-        "<span class='badge b-new'>new</span><span class='badge b-removed'>removed</span>"
-        "<span class='badge b-changed'>changed</span><span class='badge b-rewired'>rewired "
-        "(same op, new inputs)</span><span class='sub'>grey, dashed: neighbours for context; "
-        "hover a node for its details</span></p>"
-    )
-    if changes:
-        body.extend(_change_html(ch, i, details) for i, ch in enumerate(changes))
-    else:
-        body.append("<p class='sub'>No pass changed the graph.</p>")
+    body = [
+        _header_section(report, title, info),
+        _passes_section(report, anchors),
+        _numerics_section(numerics, final_numerics)
+        if numerics or final_numerics is not None  # a Comparison is falsy when it failed
+        else "",
+        _changes_section(changes, details),
+    ]
     blob = (  # no "<" at all inside the script element: nothing can close or open a tag
         json.dumps(details, default=str)
         .replace("&", "\\u0026")
@@ -309,8 +374,10 @@ def render_html(
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
         f"<main>{''.join(body)}</main>"
-        "<aside><h2>Node</h2><div id='panel-body' class='sub'>Hover or click a node in a "
-        "picture to see its details here.</div></aside>"
+        "<aside id='panel'><header><h2>Node</h2><button id='panel-toggle' type='button' "
+        "aria-controls='panel-body' aria-expanded='true'>hide &#9656;</button></header>"
+        "<div id='panel-body' class='sub'>Hover or click a node in a picture to see its "
+        "details here.</div></aside>"
         f"<script type='application/json' id='fxpass-nodes'>{blob}</script>"
         f"<script>{_JS}</script></body></html>"
     )

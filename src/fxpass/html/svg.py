@@ -53,7 +53,10 @@ def _path(points: list[tuple[float, float]]) -> str:
 
 
 def render_svg(sub: SubGraph, prefix: str, details: dict[str, dict[str, Any]]) -> str:
-    """SVG markup for ``sub``; node details are added to ``details`` under ``prefix:name``."""
+    """SVG markup for ``sub``; node details are added to ``details`` under ``prefix:name``.
+
+    The picture scales down to the width of what holds it (never up), so a whole region is
+    seen at once; ``data-width`` keeps its natural width."""
     names = [n for n, _, _, _ in sub.nodes]
     sizes = {n: node_size(lines) for n, _, lines, _ in sub.nodes}
     status = {n: st for n, st, _, _ in sub.nodes}
@@ -61,8 +64,10 @@ def render_svg(sub: SubGraph, prefix: str, details: dict[str, dict[str, Any]]) -
     w, h = max(layout.width, 60.0), max(layout.height, 30.0)
     marker = f"{prefix}-arrow"
     out = [
+        # Fit to the pane's width (never wider than drawn): the whole region, no scrolling.
         f'<svg class="graph" xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" '
-        f'height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}" role="img">',
+        f'height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}" role="img" '
+        f'style="max-width:{w:.0f}px" data-width="{w:.0f}">',
         f'<defs><marker id="{marker}" viewBox="0 0 10 10" refX="9" refY="5" '
         'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
         '<path d="M0,0 L10,5 L0,10 z" class="arrowhead"/></marker></defs>',

@@ -54,6 +54,7 @@ from torch.export.graph_signature import (
 from ..core.context import scoped
 from ..core.errors import FxpassError
 from ._util import del_path, find_path, release_name
+from .pt2 import load as _load_pt2
 
 __all__ = [
     "ProgramContext",
@@ -554,10 +555,8 @@ def save(program: ExportedProgram, path: str | Path) -> Path:
     return path
 
 
-def load(path: str | Path) -> ExportedProgram:
-    """Load a ``.pt2`` file, with fxpass's fused ops registered so programs using them load."""
-    import importlib
-
-    with contextlib.suppress(ImportError):
-        importlib.import_module("fxpass.ops")
-    return torch.export.load(str(path))
+def load(path: str | Path, *, imports: Sequence[str] = ()) -> ExportedProgram:
+    """Load a ``.pt2`` file as ``torch.export.load`` does, but checked and without running
+    code: see :func:`fxpass.targets.pt2.load` (``imports``: modules to import first, e.g.
+    ``["transformers"]``). fxpass's fused ops are registered, so programs using them load."""
+    return _load_pt2(path, imports=imports)

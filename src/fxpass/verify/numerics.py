@@ -148,6 +148,10 @@ class Comparison:
     #: outputs beyond tolerance that are no less accurate than the original (see
     #: :func:`compare_outputs`'s ``truth``)
     rounding: list[Divergence] = field(default_factory=list)
+    #: dtype name -> the (rtol, atol) its outputs were compared with
+    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: whether the caller gave rtol / atol (else: the defaults by dtype)
+    given: bool = False
 
     @property
     def worst(self) -> Divergence | None:
@@ -159,10 +163,13 @@ class Comparison:
     def summary(self) -> str:
         if self.ok:
             text = (
-                f"{self.outputs} output{'s match' if self.outputs != 1 else ' matches'} "
-                f"(max abs error {_num(self.max_abs_error)}, "
-                f"max rel error {_num(self.max_rel_error)})"
+                f"{self.outputs} output{'s match' if self.outputs != 1 else ' matches'}"
+                f"{self._within()}: max abs error {_num(self.max_abs_error)}, "
+                f"max rel error {_num(self.max_rel_error)}"
             )
+            rtols = [r for r, _ in self.tolerances.values()]
+            if rtols and self.max_rel_error > max(rtols):
+                text += " (near zero, where atol applies)"
             if self.rounding:
                 n = len(self.rounding)
                 text += (
@@ -174,6 +181,23 @@ class Comparison:
         return f"{self.worst}{more}"
 
     __str__ = summary
+
+    def _within(self) -> str:
+        """Which tolerance applied, and why: ``within bfloat16 tolerance |error| <= ...``."""
+        floats = {k: v for k, v in self.tolerances.items() if v != (0.0, 0.0)}
+        if not floats:
+            return " exactly" if self.tolerances else ""
+        bounds = "; ".join(
+            f"{_num(a)} + {_num(r)}·|expected|" + (f" for {k}" if len(floats) > 1 else "")
+            for k, (r, a) in floats.items()
+        )
+        if self.given:
+            return f" within the given tolerance (|error| <= {bounds})"
+        names = " and ".join(floats)
+        low = [k for k in floats if k in ("bfloat16", "float16") or k.startswith("float8")]
+        why = f"; {' and '.join(low)} values round differently in fused kernels" if low else ""
+        plural = "s" if len(floats) > 1 else ""
+        return f" within {names} tolerance{plural} (|error| <= {bounds}{why})"
 
     def check(self) -> Comparison:
         """Raise :class:`NumericsError` unless the outputs matched; returns self."""
@@ -188,6 +212,7 @@ class Comparison:
             "max_abs_error": _jsonable(self.max_abs_error),
             "max_rel_error": _jsonable(self.max_rel_error),
             "failures": [f.to_dict() for f in self.failures],
+            "tolerances": {k: {"rtol": r, "atol": a} for k, (r, a) in self.tolerances.items()},
         }
 
 
@@ -231,7 +256,9 @@ def compare_outputs(
     true_leaves = pytree.tree_leaves(truth) if truth is not None else []
     if len(true_leaves) != len(exp_leaves):
         true_leaves = [None] * len(exp_leaves)
-    result = Comparison(ok=True, outputs=len(exp_leaves))
+    result = Comparison(
+        ok=True, outputs=len(exp_leaves), given=rtol is not None or atol is not None
+    )
     if len(exp_leaves) != len(act_leaves):
         result.ok = False
         result.failures.append(
@@ -250,6 +277,8 @@ def compare_outputs(
         div, excess = _compare_leaf(i, name, e, a, rtol, atol)
         if div is None:
             continue
+        if div.dtype:
+            result.tolerances.setdefault(div.dtype, (div.rtol, div.atol))
         if excess > 0 and div.reason == "values" and _as_accurate(e, a, t, div.atol):
             div.within_rounding = True
             result.rounding.append(div)
