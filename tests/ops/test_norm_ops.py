@@ -233,6 +233,7 @@ def test_triton_kernel_handles_strided_inputs():
 _INTERPRETED = """
 import torch
 from fxpass.ops import _triton_norm as K, reference as R
+from fxpass.fxutil import layout as L
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.float16):  # the interpreter truncates bf16 casts
     for n in (16, 100, 20000):  # 20000: the two-pass path
@@ -254,6 +255,29 @@ for dtype in (torch.float32, torch.float16):  # the interpreter truncates bf16 c
         K.launch(x2, r2, w, 1e-6, 0.0, x2, r2)  # in place
         assert torch.equal(r2, ref_t)
         torch.testing.assert_close(x2, ref_n, rtol=2e-3, atol=2e-3)
+# every layout, outputs allocated by the ops' rule: written in place of the rule's strides
+base = torch.randn(2, 6, 4, 32)
+layouts = {
+    "transposed": lambda t: t.transpose(1, 2),
+    "sliced": lambda t: t.transpose(1, 2)[..., 3:19],
+    "expanded": lambda t: t[:1, :1].expand(2, 3, 4, 32),
+    "last_dim_outer": lambda t: t.transpose(0, 3)[:16],  # the normalized dim is not innermost
+}
+for name, make in layouts.items():
+    for dtype in (torch.float32, torch.float16):
+        x, r = make(base).to(dtype), make(base.flip(0)).to(dtype)
+        n = x.shape[-1]
+        w = (1 + 0.1 * torch.randn(n)).to(dtype)
+        out = L.empty_elementwise(x)
+        K.launch(x, None, w, 1e-6, 1.0, out)
+        ref = R.rms_norm(x, w, 1e-6, 1.0)
+        assert L.same_layout(out, ref), (name, out.stride(), ref.stride())
+        torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+        normed, total = L.empty_elementwise(x, r), L.empty_elementwise(x, r)
+        K.launch(x, r, w, 1e-6, 0.0, normed, total)
+        ref_n, ref_t = R.fused_add_rmsnorm(x, r, w, 1e-6)
+        assert torch.equal(total, ref_t) and L.same_layout(total, ref_t), name
+        torch.testing.assert_close(normed, ref_n, rtol=2e-3, atol=2e-3)
 print("ok")
 """
 
