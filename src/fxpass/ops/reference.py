@@ -58,7 +58,8 @@ def residual_sum(x: Tensor, residual: Tensor) -> Tensor:
 def quantize_int8(normed: Tensor, scale: Tensor) -> Tensor:
     """Static per-tensor int8 quantization: ``clamp(round(v / scale), -128, 127)``, laid out
     like ``normed`` made dense."""
-    q = torch.clamp(torch.round(normed.float() / scale), -128, 127).to(torch.int8)
+    # a 0-d scale: a (1, 1) scale must not broadcast a 1-D input up to two dimensions
+    q = torch.clamp(torch.round(normed.float() / scale.reshape(())), -128, 127).to(torch.int8)
     return in_layout(q, elementwise_strides(normed))
 
 
