@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -276,3 +277,24 @@ def assert_close(a, b, dtype):
 
 def new_nodes(gm):
     return [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+
+
+# ----- under torch.compile -------------------------------------------------------------------
+def compiled_matches_eager(
+    model: nn.Module, args: tuple, spec: str, *, tol: float = 1e-5, **backend: Any
+):
+    """Compile ``model`` with ``fxpass.backend(spec, **backend)`` (by default the passes run
+    inside Inductor), check its outputs equal eager's within ``tol`` and return the
+    pipeline's statistics."""
+    import fxpass as fp
+
+    be = fp.backend(spec, **backend)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            expected = model(*args)
+            got = torch.compile(model, backend=be, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tol, atol=tol)
+    return be.reports[0].stats()
