@@ -85,6 +85,18 @@ def test_unlowered_export_programs_run(layout, norm):
     torch.testing.assert_close(result.program.module()(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_symbolic_shapes_fuse_without_guards():
+    torch.manual_seed(0)
+    model = HeadNorms("transposed", "gemma").eval()
+    dims = ({0: torch.export.Dim("b"), 1: torch.export.Dim("s")},)
+    ep = torch.export.export(model, (torch.randn(2, 5, 32),), dynamic_shapes=dims)
+    result = fp.apply(ep.run_decompositions({}), "remove_assert_ops,fuse_rmsnorm")
+    assert count(result.graph_module, F.rms_norm.default) == 1
+    assert check_layouts(result.graph_module) == []
+    x = torch.randn(3, 7, 32)  # another batch and sequence length
+    torch.testing.assert_close(result.program.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 # ----- the helper itself: restore a dense layout, decline anything else ------------------------
 def _graph_with(old_strides):
     """``neg(x)`` on a transposed x, its value recorded with ``old_strides`` (as if the op

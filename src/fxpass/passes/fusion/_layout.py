@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch._guards import detect_fake_mode
 from torch.fx import Node, Proxy
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from ...fxutil.layout import memory_order, same_layout
 from ...rewrite.pattern import value_of
@@ -51,8 +52,11 @@ def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
     old_val = value_of(_node(old))
     if not isinstance(new_val, torch.Tensor) or not isinstance(old_val, torch.Tensor):
         return None
-    if tuple(new_val.shape) != tuple(old_val.shape) or new_val.dtype != old_val.dtype:
-        return None
+    same_shape = new_val.dim() == old_val.dim() and statically_known_true(
+        sym_eq(tuple(new_val.shape), tuple(old_val.shape))
+    )
+    if not same_shape or new_val.dtype != old_val.dtype:
+        return None  # (no guard is added on symbolic shapes: unknown counts as different)
     if same_layout(new_val, old_val):
         return new
     order = memory_order(old_val)
