@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .bisect import BisectResult, RewriteInfo, bisect
 from .invariants import MetadataError, check_metadata, require_metadata
-from .layout import LayoutError, check_layouts, require_layouts
+from .layouts import LayoutError, check_layouts, require_layouts
 from .numerics import (
     Comparison,
     Divergence,

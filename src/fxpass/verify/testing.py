@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .layout import check_layouts
+from .layouts import check_layouts
 from .numerics import Comparison, compare_outputs, program_inputs, run_graph, run_graph_promoted
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 An entry says how to call the op: a hypothesis strategy of calls (shapes, dtypes, layouts —
 whatever the op takes) and a few fixed calls for ``torch.library.opcheck``. The tests in
-``tests/ops/test_contract.py`` then check, for every op the dispatcher knows in the
+``tests/ops/test_op_contract.py`` then check, for every op the dispatcher knows in the
 ``fxpass`` namespace, that its fake kernel agrees with its real kernel on every output's
 shape, dtype and (significant) strides, on the metadata of the arguments it mutates and on
 whether it raises, and that it values match its reference where the entry gives one.

@@ -13,7 +13,11 @@ import functools
 from typing import Any
 
 import torch
+import torch._functorch.config
+import torch._inductor.config
 from torch import nn
+
+import fxpass as fp
 
 F = torch.ops.fxpass
 
@@ -286,12 +290,15 @@ def compiled_matches_eager(
     """Compile ``model`` with ``fxpass.backend(spec, **backend)`` (by default the passes run
     inside Inductor), check its outputs equal eager's within ``tol`` and return the
     pipeline's statistics."""
-    import fxpass as fp
-
     be = fp.backend(spec, **backend)
+    # no compile caches: a graph an earlier test compiled would be reused without the pass
+    uncached = (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    )
     torch._dynamo.reset()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), uncached[0], uncached[1]:
             expected = model(*args)
             got = torch.compile(model, backend=be, fullgraph=True)(*args)
     finally:

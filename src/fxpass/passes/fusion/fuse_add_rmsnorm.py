@@ -10,7 +10,7 @@ from torch import fx
 from ...core.registry import _builtin
 from ...rewrite.driver import rewrite
 from ...rewrite.rule import Rule, RuleSet
-from ._layout import fake_result, keep_layout
+from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import add_ok, norm_ok, residual_add, rms_norm, scalars
 
 __all__ = ["RULES", "fuse_add_rmsnorm"]

@@ -12,7 +12,7 @@ from ...fxutil.layout import same_layout
 from ...rewrite.driver import rewrite
 from ...rewrite.pattern import P, value_of
 from ...rewrite.rule import Rule, RuleSet
-from ._layout import fake_result, keep_layout
+from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import (
     GETITEM,
     add_ok,

@@ -11,7 +11,7 @@ from ...core.registry import _builtin
 from ...rewrite.driver import rewrite
 from ...rewrite.pattern import P
 from ...rewrite.rule import Rule, RuleSet
-from ._layout import fake_result, keep_layout
+from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import norm_ok, rms_norm, scalars
 
 __all__ = ["RULES", "fuse_rmsnorm"]

@@ -1,4 +1,4 @@
-"""Fusions keep the layouts downstream nodes were traced against (fusion/_layout.py).
+"""Fusions keep the layouts downstream nodes were traced against (fusion/_keep_layout.py).
 
 The fused ops lay their results out as the unfused ATen chain does, so a per-head norm on a
 transposed view, read back through ``transpose(...).view(...)``, stays valid in every IR,
@@ -16,7 +16,7 @@ from _fusion_helpers import NORMS, Captured, assert_close, count
 from torch import nn
 
 import fxpass as fp
-from fxpass.passes.fusion._layout import fake_result, keep_layout
+from fxpass.passes.fusion._keep_layout import fake_result, keep_layout
 from fxpass.rewrite import P, Rule, RuleSet
 from fxpass.verify import check_layouts
 
