@@ -35,9 +35,13 @@ def _from_fused(
     args = (x, residual, w, scale, *scalars(eps, offset))
     out = _QUANT(*args)
     vals = fake_result(_QUANT, *args) or (None, None)
-    old_sum = value_of(fused.node)[1]
-    if not isinstance(vals[1], torch.Tensor) or not same_layout(vals[1], old_sum):
-        return None  # the sum is read through the old op's tuple: its layout must agree
+    old = value_of(fused.node)
+    old_sum = old[1] if isinstance(old, (tuple, list)) and len(old) == 2 else None
+    # the sum is read through the old op's tuple, so no copy can restore it: it must agree
+    if not isinstance(vals[1], torch.Tensor) or not isinstance(old_sum, torch.Tensor):
+        return None
+    if not same_layout(vals[1], old_sum):
+        return None
     quantized = keep_layout(out[0], vals[0], match.root)
     return None if quantized is None else (quantized, out)  # the new op takes the old one's place
 
