@@ -117,6 +117,61 @@ def test_fake_kernels_give_shapes_and_dtypes():
             OPS.rms_norm(x, torch.empty(15), 1e-6)
 
 
+@pytest.mark.parametrize("offset", [0.0, 1.0])  # 0.0: ATen's fused kernel runs; 1.0: the reference
+def test_the_issues_transposed_input_keeps_its_layout_real_and_fake(offset):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 8, 4, 16).transpose(1, 2)
+    w = torch.randn(16)
+    # the two CPU paths disagree on their own: ATen's kernel returns a contiguous tensor
+    assert torch.rms_norm(x, (16,), w, 1e-6).stride() == (512, 128, 16, 1)
+    assert reference.rms_norm(x, w, 1e-6, offset).stride() == (512, 16, 64, 1)
+    assert OPS.rms_norm(x, w, 1e-6, offset).stride() == (512, 16, 64, 1)
+    with FakeTensorMode() as mode:
+        fake = OPS.rms_norm(mode.from_tensor(x), mode.from_tensor(w), 1e-6, offset)
+    assert fake.stride() == (512, 16, 64, 1)
+    normed, total = OPS.fused_add_rmsnorm(x, torch.randn(2, 4, 8, 16), w, 1e-6, offset)
+    assert normed.stride() == total.stride() == (512, 16, 64, 1)  # x's layout decides ties
+
+
+def test_sliced_input_gets_a_dense_layout_in_its_dimension_order():
+    x = torch.randn(2, 8, 4, 32).transpose(1, 2)[..., :16]  # not dense
+    w = torch.randn(16)
+    out = OPS.rms_norm(x, w, 1e-6)
+    assert out.stride() == (512, 16, 64, 1) and not out.is_contiguous()
+    torch.testing.assert_close(out, _contract_rms(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced"])
+def test_gradients_come_back_in_their_inputs_layout(layout):
+    # torch.autograd.grad hands back what the backward returns (accumulating into a leaf's
+    # .grad would impose the leaf's own layout contract on top)
+    wide = 16 if layout == "transposed" else 32
+    x = torch.randn(2, 8, 4, wide).transpose(1, 2)[..., :16].requires_grad_()
+    r = torch.randn(2, 4, 8, 16, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    dense = (512, 16, 64, 1)  # x's layout, made dense
+    dx, dw = torch.autograd.grad(OPS.rms_norm(x, w, 1e-6, 1.0).sum(), (x, w))
+    assert dx.stride() == dense and dw.stride() == (1,)
+    normed, total = OPS.fused_add_rmsnorm(x, r, w, 1e-6)
+    dx, dr = torch.autograd.grad(normed.sum() + total.sum(), (x, r))
+    assert dx.stride() == dense and dr.stride() == r.stride()
+    _, total = OPS.fused_add_rmsnorm_quant(x, r, w, torch.tensor([0.1]), 1e-6)
+    dx, dr = torch.autograd.grad(total.sum(), (x, r))
+    assert dx.stride() == dense and dr.stride() == r.stride()
+
+
+def test_in_place_variant_refuses_an_expanded_argument_at_trace_time_too():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(1, 16).expand(4, 16)
+    r, w = torch.randn(4, 16), torch.ones(16)
+    with pytest.raises(RuntimeError, match="x is an expanded view .* x.clone()"):
+        OPS.fused_add_rmsnorm_(x, r, w, 1e-6)
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError, match="expanded view"):
+        OPS.fused_add_rmsnorm_(*(mode.from_tensor(t) for t in (x, r, w)), 1e-6)
+
+
 def test_gradients_match_finite_differences():
     x, r, w = (t.double().requires_grad_() for t in _inputs(dtype=torch.float32, shape=(2, 8)))
     assert torch.autograd.gradcheck(lambda x, w: OPS.rms_norm(x, w, 1e-6, 0.5), (x, w))
@@ -220,8 +275,16 @@ def test_triton_kernels_match_reference(dtype, n):
 @cuda
 def test_triton_kernel_handles_strided_inputs():
     x, r, w = (t.cuda() for t in _inputs((4, 64), torch.bfloat16))
-    xt = x.t().contiguous().t()  # same values, column-major
-    torch.testing.assert_close(OPS.rms_norm(xt, w, 1e-6), reference.rms_norm(x, w, 1e-6))
+    xt = x.t().contiguous().t()  # same values, column-major: the output is column-major too
+    out = OPS.rms_norm(xt, w, 1e-6)
+    assert out.stride() == xt.stride()
+    torch.testing.assert_close(out, reference.rms_norm(x, w, 1e-6))
+    x4 = torch.randn(2, 8, 4, 64, device="cuda").transpose(1, 2)  # per-head q/k norm layout
+    normed, total = OPS.fused_add_rmsnorm(x4, x4.flip(0), w, 1e-6, 1.0)
+    ref_n, ref_t = reference.fused_add_rmsnorm(x4, x4.flip(0), w, 1e-6, 1.0)
+    assert normed.stride() == total.stride() == ref_n.stride() == x4.stride()
+    torch.testing.assert_close(normed, ref_n)
+    assert torch.equal(total, ref_t)
     x2 = x[:, :32]  # a row-strided view, normalized in place
     r2 = r[:, :32].clone()
     normed, total = reference.fused_add_rmsnorm(x2, r2, w[:32], 1e-6)
@@ -233,6 +296,7 @@ def test_triton_kernel_handles_strided_inputs():
 _INTERPRETED = """
 import torch
 from fxpass.ops import _triton_norm as K, reference as R
+from fxpass.fxutil import layout as L
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.float16):  # the interpreter truncates bf16 casts
     for n in (16, 100, 20000):  # 20000: the two-pass path
@@ -254,6 +318,29 @@ for dtype in (torch.float32, torch.float16):  # the interpreter truncates bf16 c
         K.launch(x2, r2, w, 1e-6, 0.0, x2, r2)  # in place
         assert torch.equal(r2, ref_t)
         torch.testing.assert_close(x2, ref_n, rtol=2e-3, atol=2e-3)
+# every layout, outputs allocated by the ops' rule: written in place of the rule's strides
+base = torch.randn(2, 6, 4, 32)
+layouts = {
+    "transposed": lambda t: t.transpose(1, 2),
+    "sliced": lambda t: t.transpose(1, 2)[..., 3:19],
+    "expanded": lambda t: t[:1, :1].expand(2, 3, 4, 32),
+    "last_dim_outer": lambda t: t.transpose(0, 3)[:16],  # the normalized dim is not innermost
+}
+for name, make in layouts.items():
+    for dtype in (torch.float32, torch.float16):
+        x, r = make(base).to(dtype), make(base.flip(0)).to(dtype)
+        n = x.shape[-1]
+        w = (1 + 0.1 * torch.randn(n)).to(dtype)
+        out = L.empty_elementwise(x)
+        K.launch(x, None, w, 1e-6, 1.0, out)
+        ref = R.rms_norm(x, w, 1e-6, 1.0)
+        assert L.same_layout(out, ref), (name, out.stride(), ref.stride())
+        torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+        normed, total = L.empty_elementwise(x, r), L.empty_elementwise(x, r)
+        K.launch(x, r, w, 1e-6, 0.0, normed, total)
+        ref_n, ref_t = R.fused_add_rmsnorm(x, r, w, 1e-6)
+        assert torch.equal(total, ref_t) and L.same_layout(total, ref_t), name
+        torch.testing.assert_close(normed, ref_n, rtol=2e-3, atol=2e-3)
 print("ok")
 """
 

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import textwrap
@@ -58,7 +59,9 @@ _SCRIPT = textwrap.dedent(
 
 
 def _uuid_in_subprocess(seed: str) -> str:
+    # PYTHONPATH kept: the child must import the fxpass under test, not another checkout
     env = {"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}
+    env.update({k: v for k, v in os.environ.items() if k == "PYTHONPATH"})
     out = subprocess.run(
         [sys.executable, "-c", _SCRIPT.format(here=str(HERE))],
         capture_output=True,
@@ -187,3 +190,17 @@ def test_a_pass_that_returns_a_new_module_still_edits_inductors_graph():
     (x,) = convnet().example_inputs()
     torch.testing.assert_close(gm(x), convnet()(x))
     assert hook_pass.reports[0].root.modified
+
+
+def test_uuid_changes_when_a_fused_ops_kernel_changes(tmp_path):
+    """Inductor compiles against fake kernels: a fixed layout rule must not meet a cached graph."""
+    from fxpass.targets.inductor import _ops_code_id
+
+    (tmp_path / "ops").mkdir()
+    kernel = tmp_path / "ops" / "norm.py"
+    kernel.write_text("def fake(x):\n    return x.new_empty(x.shape)\n")
+    first = _ops_code_id(str(tmp_path), ("ops",))
+    assert "norm.py@" in first and _ops_code_id(str(tmp_path), ("ops",)) == first
+    kernel.write_text("def fake(x):\n    return x.new_empty(x.shape).t()\n")
+    assert _ops_code_id(str(tmp_path), ("ops",)) != first
+    assert "ops/norm.py@" in _ops_code_id() and "fxutil/layout.py@" in _ops_code_id()

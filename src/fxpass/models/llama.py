@@ -14,7 +14,10 @@ plain       ``x * rsqrt(mean(x**2) + eps) * w``: no float32 upcast, weight last
 
 ``qk_norm=True`` adds per-head RMSNorms over ``head_dim`` to queries and keys (Qwen3,
 Gemma3), and ``sandwich_norm=True`` adds Gemma's post-attention / post-MLP norms, which
-feed the residual add instead of following it.
+feed the residual add instead of following it. ``qk_norm_transposed=True`` puts the q/k
+norms on the ``(batch, heads, seq, head_dim)`` transposed view instead, with Gemma's
+``(1 + w)`` weight: their inputs and results are not contiguous, which a fused op must
+respect.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class DecoderConfig:
     norm_style: str = "llama"
     qk_norm: bool = False
     sandwich_norm: bool = False
+    qk_norm_transposed: bool = False
     dtype: torch.dtype = torch.bfloat16
     rope_theta: float = 10000.0
 
@@ -100,9 +104,10 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(d, cfg.eps, cfg.norm_style)
-            self.k_norm = RMSNorm(d, cfg.eps, cfg.norm_style)
+        if cfg.qk_norm or cfg.qk_norm_transposed:
+            style = "gemma" if cfg.qk_norm_transposed else cfg.norm_style
+            self.q_norm = RMSNorm(d, cfg.eps, style)
+            self.k_norm = RMSNorm(d, cfg.eps, style)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
@@ -110,9 +115,11 @@ class _Attention(nn.Module):
         q = self.q_proj(x).view(b, s, cfg.heads, cfg.head_dim)
         k = self.k_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim)
         v = self.v_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.qk_norm_transposed:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cfg.qk_norm_transposed:  # per head, on the (b, heads, s, d) view
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         if cfg.kv_heads != cfg.heads:

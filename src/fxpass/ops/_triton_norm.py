@@ -108,6 +108,17 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t2 if n <= 1 or t2.stride(1) == 1 else t2.contiguous()
 
 
+def _row_order(out: torch.Tensor) -> list[int] | None:
+    """The order of ``out``'s dimensions in memory, outermost first, when the normalized
+    (last) dimension is innermost and ``out`` is dense: ``out.permute(order)`` is then
+    contiguous and its rows are rows of memory. None for any other layout."""
+    last = out.dim() - 1
+    if last < 0:
+        return None
+    order = [*sorted(range(last), key=lambda d: -out.stride(d)), last]
+    return order if out.permute(order).is_contiguous() else None
+
+
 def launch(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -119,7 +130,30 @@ def launch(
     scale: torch.Tensor | None = None,
 ) -> None:
     """Run the kernel: ``out`` gets the normalized (or quantized) rows, ``residual_out`` the
-    sums. ``out``/``residual_out`` must be contiguous or views laid out as (rows, N)."""
+    sums. The outputs may have any layout: where they are dense with the last dimension
+    innermost (every layout the fused ops allocate for such inputs), every tensor is viewed
+    in that dimension order and the kernel writes the outputs directly; otherwise it writes
+    contiguous buffers that are then copied into the outputs."""
+    order = _row_order(out)
+    if residual_out is not None and residual_out.stride() != out.stride():
+        order = order if _row_order(residual_out) == order else None
+    if order is None:
+        tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        tmp_sum = None if residual_out is None else torch.empty_like(tmp, dtype=residual_out.dtype)
+        _launch_rows(x, residual, weight, eps, weight_offset, tmp, tmp_sum, scale)
+        out.copy_(tmp)
+        if residual_out is not None:
+            residual_out.copy_(tmp_sum)
+        return
+    if order != list(range(out.dim())):  # the same rows in memory order; rows are independent
+        x, out = x.permute(order), out.permute(order)
+        residual = residual.permute(order) if residual is not None else None
+        residual_out = residual_out.permute(order) if residual_out is not None else None
+    _launch_rows(x, residual, weight, eps, weight_offset, out, residual_out, scale)
+
+
+def _launch_rows(x, residual, weight, eps, weight_offset, out, residual_out, scale) -> None:
+    """The launch proper; ``out``/``residual_out`` are contiguous."""
     n = x.shape[-1]
     x2 = _rows(x, n)
     rows = x2.shape[0]

@@ -13,12 +13,19 @@ op                                 schema
                                    float eps, float weight_offset=0.0) -> ()``
 =================================  ==========================================================
 
-Each op has a fake kernel (shapes and dtypes only, so torch.export, AOTAutograd and Dynamo
-trace through it), a reference kernel (:mod:`fxpass.ops.reference`, every device; on CPU
+Each op has a fake kernel (shapes, dtypes and strides, so torch.export, AOTAutograd and
+Dynamo trace through it), a reference kernel (:mod:`fxpass.ops.reference`, every device; on CPU
 ATen's fused ``rms_norm`` where it computes the same thing) and, on
 CUDA, a Triton kernel (:mod:`fxpass.ops._triton_norm`) picked at run time when Triton is
 installed and the dtype is float16, bfloat16 or float32. The out-of-place ops are
 differentiable (the int8 output of the quantizing op has a zero gradient).
+
+Layout (the same in every kernel, the fake one included, and in the gradients): each output
+has the layout an elementwise op on the inputs would give
+(:func:`fxpass.fxutil.layout.elementwise_strides`) — ``rms_norm``'s that of ``x``, the
+add ops' outputs that of ``x + residual`` — which is what the unfused ATen ops produce for
+dense inputs, so views traced downstream of a replaced norm stay valid. Each input's
+gradient has that input's layout, made dense.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from ..fxutil.layout import elementwise_strides, empty_elementwise, in_layout
 from . import reference
 
 __all__ = [
@@ -102,19 +110,29 @@ def kernel_for(x: Tensor) -> str:
 
 def _rms_norm_cpu(x: Tensor, weight: Tensor, eps: float, weight_offset: float) -> Tensor:
     """The reference formula; ATen's fused ``rms_norm`` where it computes exactly that (same
-    dtypes, no offset: it accumulates in float32 and rounds once), about 3x faster on CPU."""
+    dtypes, no offset: it accumulates in float32 and rounds once), about 3x faster on CPU.
+    ATen's kernel returns a contiguous tensor whatever ``x``'s layout: it is copied into the
+    op's layout where that differs."""
     if weight_offset == 0.0 and weight.dtype == x.dtype and x.dtype in _TRITON_DTYPES:
-        return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+        out = torch.rms_norm(x, (x.shape[-1],), weight, eps)
+        return in_layout(out, elementwise_strides(x))
     return reference.rms_norm(x, weight, eps, weight_offset)
 
 
 def _fused_add_cpu(x, residual, weight, eps, weight_offset) -> tuple[Tensor, Tensor]:
-    total = (x + residual).to(x.dtype)
+    total = reference.residual_sum(x, residual)
     return _rms_norm_cpu(total, weight, eps, weight_offset), total
 
 
-def _contiguous_out(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
+def _check_writable(op: str, name: str, t: Tensor) -> None:
+    # an expanded view shares memory between elements: writing into it is not defined
+    torch._check(
+        torch._debug_has_internal_overlap(t) != 1,
+        lambda: (
+            f"fxpass.{op}: {name} is an expanded view (several elements share memory) and "
+            f"cannot be written in place; pass {name}.clone() or use the out-of-place op"
+        ),
+    )
 
 
 # ----- fxpass::rms_norm ------------------------------------------------------------------
@@ -125,7 +143,7 @@ def _contiguous_out(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
 )
 def rms_norm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 0.0) -> Tensor:
     """RMSNorm over the last dimension in float32: ``(x * rsqrt(mean(x²) + eps) *
-    (weight + weight_offset)).to(x.dtype)``."""
+    (weight + weight_offset)).to(x.dtype)``, laid out like ``x`` (made dense)."""
     _check_norm("rms_norm", x, weight)
     return _rms_norm_cpu(x, weight, eps, weight_offset)
 
@@ -133,7 +151,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 0.0) 
 @rms_norm.register_fake
 def _(x, weight, eps, weight_offset=0.0):
     _check_norm("rms_norm", x, weight)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return empty_elementwise(x)
 
 
 @rms_norm.register_kernel("cuda")
@@ -141,7 +159,7 @@ def _(x, weight, eps, weight_offset=0.0):
     _check_norm("rms_norm", x, weight)
     if kernel_for(x) != "triton":
         return reference.rms_norm(x, weight, eps, weight_offset)
-    out = _contiguous_out(x)
+    out = empty_elementwise(x)
     _triton().launch(x, None, weight, eps, weight_offset, out)
     return out
 
@@ -156,7 +174,8 @@ def _(x, weight, eps, weight_offset=0.0):
 def fused_add_rmsnorm(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, weight_offset: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """``(rms_norm(x + residual), x + residual)``: the residual add fused into the norm."""
+    """``(rms_norm(x + residual), x + residual)``: the residual add fused into the norm. Both
+    results are laid out like ``x + residual``."""
     _check_norm("fused_add_rmsnorm", x, weight)
     _check_residual("fused_add_rmsnorm", x, residual)
     return _fused_add_cpu(x, residual, weight, eps, weight_offset)
@@ -166,7 +185,7 @@ def fused_add_rmsnorm(
 def _(x, residual, weight, eps, weight_offset=0.0):
     _check_norm("fused_add_rmsnorm", x, weight)
     _check_residual("fused_add_rmsnorm", x, residual)
-    return _contiguous_out(x), _contiguous_out(x)
+    return empty_elementwise(x, residual), empty_elementwise(x, residual)
 
 
 @fused_add_rmsnorm.register_kernel("cuda")
@@ -175,7 +194,7 @@ def _(x, residual, weight, eps, weight_offset=0.0):
     _check_residual("fused_add_rmsnorm", x, residual)
     if kernel_for(x) != "triton":
         return reference.fused_add_rmsnorm(x, residual, weight, eps, weight_offset)
-    out, total = _contiguous_out(x), _contiguous_out(x)
+    out, total = empty_elementwise(x, residual), empty_elementwise(x, residual)
     _triton().launch(x, residual, weight, eps, weight_offset, out, total)
     return out, total
 
@@ -195,7 +214,8 @@ def fused_add_rmsnorm_quant(
     eps: float,
     weight_offset: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
-    """``(int8(clamp(round(rms_norm(x + residual) / scale))), x + residual)`` (SGLang W8A8)."""
+    """``(int8(clamp(round(rms_norm(x + residual) / scale))), x + residual)`` (SGLang W8A8),
+    both laid out like ``x + residual``."""
     _check_norm("fused_add_rmsnorm_quant", x, weight)
     _check_residual("fused_add_rmsnorm_quant", x, residual)
     _check_scale("fused_add_rmsnorm_quant", scale)
@@ -208,7 +228,7 @@ def _(x, residual, weight, scale, eps, weight_offset=0.0):
     _check_norm("fused_add_rmsnorm_quant", x, weight)
     _check_residual("fused_add_rmsnorm_quant", x, residual)
     _check_scale("fused_add_rmsnorm_quant", scale)
-    return _contiguous_out(x, torch.int8), _contiguous_out(x)
+    return empty_elementwise(x, residual, dtype=torch.int8), empty_elementwise(x, residual)
 
 
 @fused_add_rmsnorm_quant.register_kernel("cuda")
@@ -218,13 +238,21 @@ def _(x, residual, weight, scale, eps, weight_offset=0.0):
     _check_scale("fused_add_rmsnorm_quant", scale)
     if kernel_for(x) != "triton":
         return reference.fused_add_rmsnorm_quant(x, residual, weight, scale, eps, weight_offset)
-    out, total = _contiguous_out(x, torch.int8), _contiguous_out(x)
+    out = empty_elementwise(x, residual, dtype=torch.int8)
+    total = empty_elementwise(x, residual)
     scale = scale.reshape(1).to(torch.float32)
     _triton().launch(x, residual, weight, eps, weight_offset, out, total, scale)
     return out, total
 
 
 # ----- fxpass::fused_add_rmsnorm_ (in place, flashinfer-style) ---------------------------
+def _check_in_place(x: Tensor, residual: Tensor, weight: Tensor) -> None:
+    _check_norm("fused_add_rmsnorm_", x, weight)
+    _check_residual("fused_add_rmsnorm_", x, residual)
+    _check_writable("fused_add_rmsnorm_", "x", x)
+    _check_writable("fused_add_rmsnorm_", "residual", residual)
+
+
 @torch.library.custom_op(
     "fxpass::fused_add_rmsnorm_",
     mutates_args=("x", "residual"),
@@ -234,9 +262,9 @@ def _(x, residual, weight, scale, eps, weight_offset=0.0):
 def fused_add_rmsnorm_(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, weight_offset: float = 0.0
 ) -> None:
-    """In place: ``residual`` becomes ``x + residual`` and ``x`` its RMSNorm."""
-    _check_norm("fused_add_rmsnorm_", x, weight)
-    _check_residual("fused_add_rmsnorm_", x, residual)
+    """In place: ``residual`` becomes ``x + residual`` and ``x`` its RMSNorm (each keeps its
+    own layout)."""
+    _check_in_place(x, residual, weight)
     normed, total = _fused_add_cpu(x, residual, weight, eps, weight_offset)
     residual.copy_(total)
     x.copy_(normed)
@@ -244,14 +272,12 @@ def fused_add_rmsnorm_(
 
 @fused_add_rmsnorm_.register_fake
 def _(x, residual, weight, eps, weight_offset=0.0):
-    _check_norm("fused_add_rmsnorm_", x, weight)
-    _check_residual("fused_add_rmsnorm_", x, residual)
+    _check_in_place(x, residual, weight)
 
 
 @fused_add_rmsnorm_.register_kernel("cuda")
 def _(x, residual, weight, eps, weight_offset=0.0):
-    _check_norm("fused_add_rmsnorm_", x, weight)
-    _check_residual("fused_add_rmsnorm_", x, residual)
+    _check_in_place(x, residual, weight)
     in_place = (
         kernel_for(x) == "triton"
         and x.is_contiguous()
@@ -270,7 +296,8 @@ def _(x, residual, weight, eps, weight_offset=0.0):
 def _rms_norm_grads(
     grad: Tensor, x: Tensor, weight: Tensor, eps: float, weight_offset: float
 ) -> tuple[Tensor, Tensor]:
-    """Gradients (float32, float64 for float64 inputs) of rms_norm w.r.t. its input and weight (input-shaped, 1-D)."""
+    """Gradients of rms_norm w.r.t. its input (input-shaped) and weight (1-D), in float32
+    (float64 for float64 inputs)."""
     acc = reference._acc_dtype(x)
     h = x.to(acc)
     rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -287,37 +314,49 @@ def _setup_rms_norm(ctx, inputs, output) -> None:
     ctx.eps, ctx.weight_offset = eps, weight_offset
 
 
+def _grad(g: Tensor, like: Tensor | tuple, dtype: torch.dtype) -> Tensor:
+    """``g`` in ``dtype``, laid out as an input's gradient is: like the input, made dense."""
+    strides = elementwise_strides(like) if isinstance(like, Tensor) else like
+    return in_layout(g.to(dtype), strides)
+
+
 def _backward_rms_norm(ctx, grad):
     x, weight = ctx.saved_tensors
     dx, dw = _rms_norm_grads(grad, x, weight, ctx.eps, ctx.weight_offset)
-    return dx.to(x.dtype), dw.to(weight.dtype), None, None
+    return _grad(dx, x, x.dtype), _grad(dw, weight, weight.dtype), None, None
+
+
+def _save_input_layouts(ctx, x: Tensor, residual: Tensor) -> None:
+    ctx.dtypes = (x.dtype, residual.dtype)
+    ctx.layouts = (elementwise_strides(x), elementwise_strides(residual))
 
 
 def _setup_fused_add(ctx, inputs, output) -> None:
     x, residual, weight, eps, weight_offset = inputs
     ctx.save_for_backward(output[1], weight)
     ctx.eps, ctx.weight_offset = eps, weight_offset
-    ctx.dtypes = (x.dtype, residual.dtype)
+    _save_input_layouts(ctx, x, residual)
 
 
 def _backward_fused_add(ctx, grad_normed, grad_total):
     total, weight = ctx.saved_tensors
     d_sum, dw = _rms_norm_grads(grad_normed, total, weight, ctx.eps, ctx.weight_offset)
     d_sum = d_sum + grad_total.to(d_sum.dtype)
-    x_dtype, r_dtype = ctx.dtypes
-    return d_sum.to(x_dtype), d_sum.to(r_dtype), dw.to(weight.dtype), None, None
+    (x_dtype, r_dtype), (x_layout, r_layout) = ctx.dtypes, ctx.layouts
+    dx, dr = _grad(d_sum, x_layout, x_dtype), _grad(d_sum, r_layout, r_dtype)
+    return dx, dr, _grad(dw, weight, weight.dtype), None, None
 
 
 def _setup_quant(ctx, inputs, output) -> None:
-    x, residual = inputs[:2]
-    ctx.dtypes = (x.dtype, residual.dtype)
+    _save_input_layouts(ctx, inputs[0], inputs[1])
     ctx.mark_non_differentiable(output[0])
 
 
 def _backward_quant(ctx, grad_quantized, grad_total):
     # rounding has a zero derivative: only the residual sum carries a gradient
-    x_dtype, r_dtype = ctx.dtypes
-    return grad_total.to(x_dtype), grad_total.to(r_dtype), None, None, None, None
+    (x_dtype, r_dtype), (x_layout, r_layout) = ctx.dtypes, ctx.layouts
+    dx, dr = _grad(grad_total, x_layout, x_dtype), _grad(grad_total, r_layout, r_dtype)
+    return dx, dr, None, None, None, None
 
 
 rms_norm.register_autograd(_backward_rms_norm, setup_context=_setup_rms_norm)

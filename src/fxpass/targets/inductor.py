@@ -9,7 +9,9 @@ when the pass changes serves stale code. :func:`inductor_pass` gives a pass whos
 * the same in every process for the same pipeline (no ``id()``, no ``hash()``);
 * different when the pipeline's passes, their order, their options or their code change —
   code meaning the source file that defines each pass (and each fxpass base class it
-  builds on), so helpers in the same file count too.
+  builds on), so helpers in the same file count too — or when the code of fxpass's custom
+  ops changes (``fxpass/ops`` and the ``fxpass/fxutil`` helpers their kernels call): Inductor
+  compiles against an op's fake kernel, so a changed layout rule must not meet a stale graph.
 
 Installing chains: :meth:`InductorPass.install` and :meth:`InductorPass.installed` put the
 pass *after* whatever is already at the hook instead of replacing it, and the chained
@@ -167,8 +169,31 @@ def pipeline_uuid(pipeline: Any) -> str:
     from .. import __version__
 
     h.update(f"fxpass {__version__}\n".encode())
+    h.update(_ops_code_id().encode())
     _hash_pass(resolve_pipeline(pipeline), h)
     return h.hexdigest()
+
+
+#: Packages (under fxpass/) whose files define fxpass's custom ops and the helpers their fake
+#: kernels call. Fixed, not "whatever is registered now", so the uuid is the same in every
+#: process whatever it has imported.
+_OP_PACKAGES = ("ops", "fxutil")
+
+
+def _ops_code_id(root: str | None = None, packages: tuple[str, ...] = _OP_PACKAGES) -> str:
+    """A digest line of every Python file in ``packages`` (directories under ``root``,
+    fxpass's source directory by default)."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parts = []
+    for package in packages:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, package)):
+            dirnames.sort()
+            for name in sorted(f for f in filenames if f.endswith(".py")):
+                path = os.path.join(dirpath, name)
+                stat = os.stat(path)
+                digest = _file_digest(path, stat.st_mtime_ns, stat.st_size)
+                parts.append(f"{os.path.relpath(path, root)}@{digest}")
+    return "ops " + ";".join(parts) + "\n"
 
 
 def _hash_pass(p: Pass, h: Any) -> None:

@@ -1,10 +1,11 @@
 """Verification: numerics against the original, bisection to the first bad pass or rewrite,
-metadata invariants, and a test harness for pass authors."""
+metadata and layout invariants, and a test harness for pass authors."""
 
 from __future__ import annotations
 
 from .bisect import BisectResult, RewriteInfo, bisect
 from .invariants import MetadataError, check_metadata, require_metadata
+from .layouts import LayoutError, check_layouts, require_layouts
 from .numerics import (
     Comparison,
     Divergence,
@@ -23,6 +24,7 @@ __all__ = [
     "Captured",
     "Comparison",
     "Divergence",
+    "LayoutError",
     "MetadataError",
     "NumericsCheck",
     "NumericsError",
@@ -31,11 +33,13 @@ __all__ = [
     "RewriteInfo",
     "bisect",
     "capture",
+    "check_layouts",
     "check_metadata",
     "check_pass",
     "compare_outputs",
     "count_ops",
     "op_counts",
+    "require_layouts",
     "require_metadata",
     "sample_inputs_from_meta",
     "tolerance_for",

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from .layouts import check_layouts
 from .numerics import Comparison, compare_outputs, program_inputs, run_graph, run_graph_promoted
 
 __all__ = [
@@ -182,6 +183,7 @@ def check_pass(
     absent_after: Iterable[Any] = (),
     modified: bool | None = None,
     numerics: bool = True,
+    layouts: bool = True,
     rtol: float | None = None,
     atol: float | None = None,
     snapshot: str | os.PathLike | None = None,
@@ -193,7 +195,9 @@ def check_pass(
     with ``capture_with``) or an already :class:`Captured` graph. ``before``/``after`` map ops
     to expected counts; ``absent_after`` ops must be gone; ``modified`` is the expected
     honesty flag; ``numerics`` compares outputs with the original (dtype-aware tolerances);
-    ``snapshot`` is a text file holding the printed graph after the pass.
+    ``snapshot`` is a text file holding the printed graph after the pass; ``layouts`` runs
+    :func:`~fxpass.verify.check_layouts` on the result (new nodes record what their fake
+    kernels give, their users still fit).
     """
     from ..core.pipeline import Pipeline
 
@@ -219,6 +223,8 @@ def check_pass(
     for key in absent_after:
         if (n := count_ops(out, key)) != 0:
             problems.append(f"expected no {_label(key)} after the pass, found {n}")
+    if layouts:
+        problems += [f"layout: {p}" for p in check_layouts(out)]
     if modified is not None and result.modified != modified:
         problems.append(f"expected modified={modified}, the pass reported {result.modified}")
     if reference is not None:

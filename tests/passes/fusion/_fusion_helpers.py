@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import torch
+import torch._functorch.config
+import torch._inductor.config
 from torch import nn
+
+import fxpass as fp
 
 F = torch.ops.fxpass
 
@@ -276,3 +281,27 @@ def assert_close(a, b, dtype):
 
 def new_nodes(gm):
     return [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+
+
+# ----- under torch.compile -------------------------------------------------------------------
+def compiled_matches_eager(
+    model: nn.Module, args: tuple, spec: str, *, tol: float = 1e-5, **backend: Any
+):
+    """Compile ``model`` with ``fxpass.backend(spec, **backend)`` (by default the passes run
+    inside Inductor), check its outputs equal eager's within ``tol`` and return the
+    pipeline's statistics."""
+    be = fp.backend(spec, **backend)
+    # no compile caches: a graph an earlier test compiled would be reused without the pass
+    uncached = (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    )
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), uncached[0], uncached[1]:
+            expected = model(*args)
+            got = torch.compile(model, backend=be, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tol, atol=tol)
+    return be.reports[0].stats()

@@ -7,7 +7,16 @@ import operator
 
 import pytest
 import torch
-from _fusion_helpers import NORMS, Block, Captured, assert_close, count, new_nodes
+from _fusion_helpers import (
+    NORMS,
+    Block,
+    Captured,
+    assert_close,
+    compiled_matches_eager,
+    count,
+    inputs,
+    new_nodes,
+)
 from torch import nn
 
 import fxpass as fp
@@ -146,3 +155,11 @@ def test_sum_feeding_two_norms():
     fp.Pipeline(["fuse_add_rmsnorm", "fuse_rmsnorm"]).run(ep.graph_module)
     assert count(ep.graph_module, FUSED) == 1 and count(ep.graph_module, F.rms_norm.default) == 1
     assert_close(ep.module()(*args), expected, torch.bfloat16)
+
+
+def test_same_outputs_under_torch_compile():
+    """Inside Inductor (its post-grad ATen graph), Gemma's (1 + w) norms."""
+    torch.manual_seed(0)
+    model = _BLOCKS["gemma"]().eval()
+    stats = compiled_matches_eager(model, inputs(torch.float32), "fuse_add_rmsnorm")
+    assert stats["fuse_add_rmsnorm.rewrites"] == 2

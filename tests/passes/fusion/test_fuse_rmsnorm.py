@@ -14,7 +14,9 @@ from _fusion_helpers import (
     GemmaRMSNorm,
     LlamaRMSNorm,
     assert_close,
+    compiled_matches_eager,
     count,
+    inputs,
     new_nodes,
 )
 
@@ -150,3 +152,10 @@ def test_llama_and_gemma_norm_modules_alone():
         (node,) = [n for n in ep.graph_module.graph.nodes if n.target is RMS]
         assert node.args[3] == offset
         assert_close(ep.module()(x), model(x), torch.bfloat16)
+
+
+def test_same_outputs_under_torch_compile():
+    """Inside Inductor (its post-grad ATen graph), per-head q/k norms included."""
+    model = _FACTORIES["llama_qk"]().eval()
+    stats = compiled_matches_eager(model, inputs(torch.float32), "fuse_rmsnorm")
+    assert stats["fuse_rmsnorm.rewrites"] == 4

@@ -10,14 +10,24 @@ from torch import fx
 from ...core.registry import _builtin
 from ...rewrite.driver import rewrite
 from ...rewrite.rule import Rule, RuleSet
+from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import add_ok, norm_ok, residual_add, rms_norm, scalars
 
 __all__ = ["RULES", "fuse_add_rmsnorm"]
 
 
-def _fused_add_rms_norm(x: Any, residual: Any, w: Any, eps: float, offset: float = 0.0) -> Any:
-    out = torch.ops.fxpass.fused_add_rmsnorm.default(x, residual, w, *scalars(eps, offset))
-    return out[0], out[1]
+_FUSED = torch.ops.fxpass.fused_add_rmsnorm.default
+
+
+def _fused_add_rms_norm(
+    x: Any, residual: Any, w: Any, eps: float, offset: float = 0.0, **b: Any
+) -> Any:
+    args = (x, residual, w, *scalars(eps, offset))
+    fused = _FUSED(*args)
+    vals = fake_result(_FUSED, *args) or (None, None)
+    normed = keep_layout(fused[0], vals[0], b["out"])
+    total = keep_layout(fused[1], vals[1], b["sum"])
+    return None if normed is None or total is None else (normed, total)
 
 
 def _is_add_norm(**b: Any) -> bool:
@@ -51,7 +61,8 @@ def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
     recognizes, or already be an ``fxpass::rms_norm``. The sum stays available: its other
     users (the next residual add) read the fused op's second result. Only a plain add of
     two same-shape, same-dtype tensors is fused (a broadcast add is not); an add whose sum
-    the norm does not read is left alone.
+    the norm does not read is left alone. Both results keep the layouts the replaced
+    nodes had (see :func:`~fxpass.passes.fusion.fuse_rmsnorm.fuse_rmsnorm`).
 
     Before / after::
 

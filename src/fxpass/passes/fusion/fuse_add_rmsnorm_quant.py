@@ -8,9 +8,11 @@ import torch
 from torch import fx
 
 from ...core.registry import _builtin
+from ...fxutil.layout import same_layout
 from ...rewrite.driver import rewrite
-from ...rewrite.pattern import P
+from ...rewrite.pattern import P, value_of
 from ...rewrite.rule import Rule, RuleSet
+from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import (
     GETITEM,
     add_ok,
@@ -27,16 +29,32 @@ __all__ = ["RULES", "fuse_add_rmsnorm_quant"]
 _QUANT = torch.ops.fxpass.fused_add_rmsnorm_quant.default
 
 
-def _from_fused(x: Any, residual: Any, w: Any, scale: Any, eps: float, offset: float) -> Any:
-    out = _QUANT(x, residual, w, scale, *scalars(eps, offset))
-    return out[0], out  # the new op takes the old one's place: its sum keeps index 1
+def _from_fused(
+    x: Any, residual: Any, w: Any, scale: Any, eps: float, offset: float, fused: Any, match: Any
+) -> Any:
+    args = (x, residual, w, scale, *scalars(eps, offset))
+    out = _QUANT(*args)
+    vals = fake_result(_QUANT, *args) or (None, None)
+    old = value_of(fused.node)
+    old_sum = old[1] if isinstance(old, (tuple, list)) and len(old) == 2 else None
+    # the sum is read through the old op's tuple, so no copy can restore it: it must agree
+    if not isinstance(vals[1], torch.Tensor) or not isinstance(old_sum, torch.Tensor):
+        return None
+    if not same_layout(vals[1], old_sum):
+        return None
+    quantized = keep_layout(out[0], vals[0], match.root)
+    return None if quantized is None else (quantized, out)  # the new op takes the old one's place
 
 
 def _from_spelled(
-    x: Any, residual: Any, w: Any, scale: Any, eps: float, offset: float = 0.0
+    x: Any, residual: Any, w: Any, scale: Any, eps: float, offset: float = 0.0, **b: Any
 ) -> Any:
-    out = _QUANT(x, residual, w, scale, *scalars(eps, offset))
-    return out[0], out[1]
+    args = (x, residual, w, scale, *scalars(eps, offset))
+    out = _QUANT(*args)
+    vals = fake_result(_QUANT, *args) or (None, None)
+    quantized = keep_layout(out[0], vals[0], b["match"].root)
+    total = keep_layout(out[1], vals[1], b["sum"])
+    return None if quantized is None or total is None else (quantized, total)
 
 
 def _is_add_norm_quant(**b: Any) -> bool:

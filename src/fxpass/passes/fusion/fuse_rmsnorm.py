@@ -11,13 +11,18 @@ from ...core.registry import _builtin
 from ...rewrite.driver import rewrite
 from ...rewrite.pattern import P
 from ...rewrite.rule import Rule, RuleSet
+from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import norm_ok, rms_norm, scalars
 
 __all__ = ["RULES", "fuse_rmsnorm"]
 
 
-def _fused_rms_norm(x: Any, w: Any, eps: float, offset: float = 0.0) -> Any:
-    return torch.ops.fxpass.rms_norm.default(x, w, *scalars(eps, offset))
+_RMS = torch.ops.fxpass.rms_norm.default
+
+
+def _fused_rms_norm(x: Any, w: Any, eps: float, out: Any, offset: float = 0.0) -> Any:
+    args = (x, w, *scalars(eps, offset))
+    return keep_layout(_RMS(*args), fake_result(_RMS, *args), out)
 
 
 def _is_norm(**b: Any) -> bool:
@@ -40,7 +45,10 @@ def fuse_rmsnorm(gm: fx.GraphModule) -> bool:
     Works on core ATen, export, AOT and Dynamo graphs (it reads the fake values in the
     nodes' metadata). A site that only looks like a norm (mean over another dimension, no
     ``eps``, a weight that is not 1-D, a result in another dtype) is left alone. Export's
-    assertion nodes on the norm's intermediates are removed with it.
+    assertion nodes on the norm's intermediates are removed with it. The fused result has
+    the layout the norm's result had (its users were traced against it): where the op's
+    layout differs — an upcast of a sliced ``x`` is contiguous, the op follows ``x`` — a
+    copy restores it, and a norm whose result is not dense is left alone.
 
     Before / after (Llama, core ATen)::
 

@@ -1,0 +1,69 @@
+"""Fused replacements keep the layouts that the replaced nodes' users were traced against.
+
+A fused op lays its results out by its own rule (see docs/ops.md); the chain of ATen ops it
+replaces may have produced another layout — an upcast of a sliced input makes a contiguous
+copy, for one — and every node downstream (a ``view`` above all) was traced against that
+layout. So a replacement does not assume: it runs the fused op's fake kernel on the inputs'
+values and compares each result with the value it replaces. Where they differ it restores
+the old layout with a copy (``permute → clone → permute`` back: the values of the old node
+exactly, in its dense layout); where the old layout is not dense, or not known (symbolic
+strides), it declines the match and the site stays unfused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.fx import Node, Proxy
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
+
+from ...fxutil.layout import memory_order, same_layout
+from ...rewrite.pattern import value_of
+
+aten = torch.ops.aten
+
+__all__ = ["fake_result", "keep_layout"]
+
+
+def _node(v: Any) -> Any:
+    return v.node if isinstance(v, Proxy) else v
+
+
+def fake_result(op: Any, *args: Any) -> Any:
+    """``op``'s fake kernel on the fake values of ``args`` (nodes or proxies; other
+    arguments as they are); None where a value is missing or the kernel raises."""
+    vals = [value_of(_node(a)) if isinstance(_node(a), Node) else a for a in args]
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if mode is None:
+        return None
+    try:
+        with mode:
+            return op(*vals)
+    except Exception:
+        return None
+
+
+def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
+    """``new`` (a proxy whose fake value is ``new_val``) as the value that replaces ``old``:
+    itself where the layouts agree, a copy in ``old``'s layout where that is dense, else
+    None (decline)."""
+    old_val = value_of(_node(old))
+    if not isinstance(new_val, torch.Tensor) or not isinstance(old_val, torch.Tensor):
+        return None
+    same_shape = new_val.dim() == old_val.dim() and statically_known_true(
+        sym_eq(tuple(new_val.shape), tuple(old_val.shape))
+    )
+    if not same_shape or new_val.dtype != old_val.dtype:
+        return None  # (no guard is added on symbolic shapes: unknown counts as different)
+    if same_layout(new_val, old_val):
+        return new
+    order = memory_order(old_val)
+    if order is None:
+        return None
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    dense = aten.clone.default(
+        aten.permute.default(new, order), memory_format=torch.contiguous_format
+    )
+    return aten.permute.default(dense, inverse)

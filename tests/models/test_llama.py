@@ -1,0 +1,84 @@
+"""The tiny decoder's variants; the q/k-norm-on-a-transposed-view one end to end.
+
+``qk_norm_transposed`` is the model family that found the fused ops' layout miscompile
+(issue 10): per-head q/k RMSNorms with Gemma's ``(1 + w)`` weight on the transposed
+``(b, heads, s, d)`` view. Before the fix, Inductor's size asserts failed on it, and with
+them off it returned wrong logits; each way a user compiles or applies fxpass is run here
+against eager in float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+
+import fxpass as fp
+from fxpass.models.llama import build_decoder
+
+from _models import decoder, exported
+
+RMS = torch.ops.fxpass.rms_norm.default
+CONFIG = {"layers": 1, "qk_norm_transposed": True, "dtype": torch.float32}
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def test_default_model_is_unchanged_by_the_new_option():
+    plain = build_decoder(layers=1)
+    names = [n for n, _ in plain.named_parameters()]
+    assert not any("q_norm" in n for n in names)
+    off = build_decoder(layers=1, qk_norm_transposed=False)
+    (ids,) = plain.example_inputs()
+    assert torch.equal(plain(ids), off(ids))
+
+
+def test_qk_norms_see_a_transposed_view_and_use_gemmas_weight():
+    model = decoder(**CONFIG)
+    seen = []
+    attn = model.layers[0].self_attn
+    handle = attn.q_norm.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    model(*model.example_inputs())
+    handle.remove()
+    (x,) = seen
+    assert x.shape == (1, 4, 8, 16) and not x.is_contiguous()  # (b, heads, s, head_dim)
+    assert attn.q_norm.style == "gemma"
+
+
+def _eager():
+    model = decoder(**CONFIG)
+    (ids,) = model.example_inputs()
+    with torch.no_grad():
+        return model, ids, model(ids)
+
+
+@pytest.mark.parametrize("size_asserts", [True, False])
+def test_compiled_with_the_fxpass_backend_equals_eager(size_asserts):
+    model, ids, expected = _eager()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), inductor_config.patch(size_asserts=size_asserts):
+            got = torch.compile(model, backend="fxpass")(ids)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_aten_graphs_run_eagerly_equal_eager():
+    model, ids, expected = _eager()
+    be = fp.backend(ir="aten", compiler="eager")
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            got = torch.compile(model, backend=be)(ids)
+    finally:
+        torch._dynamo.reset()
+    assert be.reports[0].stats()["fuse_rmsnorm.rewrites"] == 3  # q, k and the final norm
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_apply_on_an_unlowered_export_program_equals_eager():
+    _, ids, expected = _eager()
+    ep = exported(decompose=False, **CONFIG).run_decompositions({})
+    result = fp.apply(ep)
+    assert sum(n.target is RMS for n in result.graph_module.graph.nodes) == 3
+    torch.testing.assert_close(result.program.module()(ids), expected, **TOL)
