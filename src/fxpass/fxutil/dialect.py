@@ -4,8 +4,12 @@
 ``EdgeOpOverload`` (``exir_ops.edge.aten.add.Tensor``) that wraps the same ATen op and
 schema. Code that asks "which op is this node?" asks :func:`aten_op`, so a pattern, a
 support spec or a pass written against ATen sees Edge graphs too; code that emits ops into
-an Edge graph asks :func:`edge_op` for the Edge spelling. Nothing here imports
-``executorch``: an Edge op is recognised by its type's name and wrapped op.
+an Edge graph asks :func:`edge_op` for the Edge spelling. ExecuTorch's dim-order ops
+(``dim_order_ops._to_dim_order_copy``, ``_clone_dim_order``, ``_empty_dim_order``) are the
+Edge dialect's spellings of ``aten._to_copy``, ``aten.clone`` and ``aten.empty``
+(``to_edge`` swaps the memory format for a dim order), so :func:`aten_op` maps them there.
+Nothing here imports ``executorch``: an Edge op is recognised by its type's name and
+wrapped op.
 
 >>> aten_op(torch.ops.aten.add.Tensor) is torch.ops.aten.add.Tensor
 True
@@ -13,14 +17,33 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["aten_op", "edge_op", "is_edge_op"]
+__all__ = [
+    "aten_op",
+    "edge_op",
+    "graph_is_edge",
+    "has_dim_order_spelling",
+    "is_edge_op",
+    "spellings",
+]
 
 _EDGE_TYPES = frozenset({"EdgeOpOverload", "EdgeOpOverloadPacket"})
+_EXIR_OPS = "executorch.exir.dialects._ops"
+
+# ExecuTorch's dim-order ops and the ATen op each replaces (same arguments, except that a
+# dim order stands for the memory format)
+_DIM_ORDER = {
+    "dim_order_ops::_to_dim_order_copy": ("_to_copy", "default"),
+    "dim_order_ops::_clone_dim_order": ("clone", "default"),
+    "dim_order_ops::_empty_dim_order": ("empty", "memory_format"),
+}
 
 
 def is_edge_op(target: Any) -> bool:
@@ -30,13 +53,20 @@ def is_edge_op(target: Any) -> bool:
 
 def aten_op(target: Any) -> Any:
     """The ATen op behind ``target``: the wrapped ``OpOverload`` of an Edge overload, the
-    ``OpOverloadPacket`` of an Edge packet, else ``target`` itself."""
+    ``OpOverloadPacket`` of an Edge packet, the ATen op a dim-order op replaces, else
+    ``target`` itself."""
     kind = type(target).__name__
     if kind == "EdgeOpOverload":
-        return target._op
-    if kind == "EdgeOpOverloadPacket":
+        target = target._op
+    elif kind == "EdgeOpOverloadPacket":
         namespace, name = target._qualified_op_name.split("::", 1)
         return getattr(getattr(torch.ops, namespace), name)
+    elif kind != "OpOverload":
+        return target
+    if target._name.startswith("dim_order_ops::") and target._overloadname == "default":
+        equivalent = _DIM_ORDER.get(target._name)
+        if equivalent is not None:
+            return getattr(getattr(torch.ops.aten, equivalent[0]), equivalent[1])
     return target
 
 
@@ -46,7 +76,49 @@ def edge_op(op: torch._ops.OpOverload) -> Any:
     Raises ``ModuleNotFoundError`` with the install hint where ``executorch`` is missing, and
     ``AttributeError`` naming the op where the Edge dialect has no such op.
     """
-    return _edge_op(aten_op(op))
+    return op if is_edge_op(op) else _edge_op(op)
+
+
+def has_dim_order_spelling(op: Any) -> bool:
+    """Whether ExecuTorch spells the ATen op ``op`` as a dim-order op (with another schema):
+    ``_to_copy``, ``clone`` and ``empty.memory_format``."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    return (op._name[6:], op._overloadname) in _DIM_ORDER.values() and op._name.startswith("aten::")
+
+
+def spellings(op: Any) -> tuple[Any, ...]:
+    """The other targets that stand for the ATen op ``op`` in the dialects this process has
+    loaded: its Edge op and, for ``_to_copy``, ``clone`` and ``empty``, ExecuTorch's dim-order
+    op and its Edge op. Empty where ``executorch`` is not imported (a process holding an Edge
+    graph has imported it); never imports it. The inverse of :func:`aten_op`."""
+    if _EXIR_OPS not in sys.modules or not isinstance(op, torch._ops.OpOverload):
+        return ()
+    return _spellings(op)
+
+
+@functools.cache
+def _spellings(op: torch._ops.OpOverload) -> tuple[Any, ...]:
+    found = [op]
+    for name, (aten_name, overload) in _DIM_ORDER.items():
+        if op._name == f"aten::{aten_name}" and op._overloadname == overload:
+            namespace, short = name.split("::")
+            packet = getattr(getattr(torch.ops, namespace), short, None)
+            if packet is not None:
+                found.append(packet.default)
+    out = []
+    for target in found:
+        if target is not op:
+            out.append(target)
+        with contextlib.suppress(AttributeError, RuntimeError):
+            out.append(_edge_op(target))
+    return tuple(out)
+
+
+def graph_is_edge(nodes: Iterable[Any]) -> bool:
+    """Whether any of ``nodes`` (FX nodes) calls an Edge op: new nodes among them should
+    call Edge ops too."""
+    return any(n.op == "call_function" and is_edge_op(n.target) for n in nodes)
 
 
 @functools.cache
