@@ -26,6 +26,7 @@ from torch.fx import Node
 
 from ..core.context import current_context
 from ..core.errors import NonConvergenceError
+from ..fxutil.dialect import spellings
 from ._state import MatchState
 from .match import Matcher, RuleStats
 from .order import _sort_key
@@ -166,9 +167,9 @@ def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
                 return None
             methods.add(key[1])
         else:
-            found.extend(
-                graph.find_nodes(op="call_function", target=matcher._targets[key], sort=False)
-            )
+            target = matcher._targets[key]
+            for t in (target, *spellings(target)):  # Edge graphs call the Edge spellings
+                found.extend(graph.find_nodes(op="call_function", target=t, sort=False))
     if methods:
         found.extend(n for n in graph.find_nodes(op="call_method") if n.target in methods)
     found.sort(key=_sort_key)

@@ -18,6 +18,7 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
+from ..fxutil.dialect import aten_op
 from ._location import short
 from ._state import MatchState
 from .match import _lazy_order
@@ -110,21 +111,27 @@ def _root_ops(rule: Rule) -> str:
     return ", ".join(sorted(names))
 
 
+def _may_root(keys: frozenset, node: Node) -> bool:
+    """Can a rule filed under ``keys`` be rooted at ``node`` (its op, in any spelling)?"""
+    key = node_key(node)
+    if key in keys or getattr(key, "overloadpacket", None) in keys:
+        return True
+    base = aten_op(key)
+    return base is not key and (base in keys or getattr(base, "overloadpacket", None) in keys)
+
+
 def explain_at(rule: Rule, node: Node, order: Any = None) -> Explanation:
     """Why ``rule`` does (not) match at ``node``."""
     keys = rule.index_keys()
-    if keys is not None:
-        key = node_key(node)
-        packet = getattr(key, "overloadpacket", None)
-        if key not in keys and packet not in keys:
-            have = op_name(node.target) if node.op == "call_function" else f"a {node.op} node"
-            return Explanation(
-                rule,
-                node,
-                False,
-                f"wrong op at the root: the rule starts at {_root_ops(rule)}, %{node.name} is {have}",
-                node,
-            )
+    if keys is not None and not _may_root(keys, node):
+        have = op_name(node.target) if node.op == "call_function" else f"a {node.op} node"
+        return Explanation(
+            rule,
+            node,
+            False,
+            f"wrong op at the root: the rule starts at {_root_ops(rule)}, %{node.name} is {have}",
+            node,
+        )
     st = MatchState(explain=True, order=order if order is not None else _lazy_order(node.graph))
     if rule._try(node, st):
         return Explanation(rule, node, True)
@@ -136,10 +143,8 @@ def _explain_graph(rule: Rule, graph: fx.Graph) -> GraphExplanation:
     order = _lazy_order(graph)
     out = GraphExplanation(rule, 0)
     for node in graph.nodes:
-        if keys is not None:
-            key = node_key(node)
-            if key not in keys and getattr(key, "overloadpacket", None) not in keys:
-                continue
+        if keys is not None and not _may_root(keys, node):
+            continue
         out.candidates += 1
         e = explain_at(rule, node, order)
         if e.matched:

@@ -22,10 +22,12 @@ from torch.fx.proxy import GraphAppendingTracer
 
 from ..core.context import ChangeEvent, current_context
 from ..core.errors import FxpassError
+from ..fxutil.dialect import edge_op, graph_is_edge
 from ._location import short
 from .match import Match, RuleStats
 from .metadata import MetaPropagator
 from .order import TopoOrder, _sort_key, users_before
+from .pattern import value_of
 
 __all__ = ["RewriteError", "Rewriter"]
 
@@ -162,10 +164,15 @@ class Rewriter:
             if stats is not None:
                 stats.declined += 1
             return False
-        for m in movers:  # readers of an inner output must follow the replacement
-            anchor.prepend(m)
+        if graph_is_edge(match.nodes):
+            _to_edge(new)  # an Edge graph gets Edge ops
         donors = {v: o for o, v in zip(outputs, values) if v in new}
         self.meta.values(new, donors, match.root)
+        if match.chains:
+            values = self._replay(match, new, values, anchor)
+            donors = {v: o for o, v in zip(outputs, values) if v in new}
+        for m in movers:  # readers of an inner output must follow the replacement
+            anchor.prepend(m)
         self.meta.provenance(
             new,
             donors,
@@ -183,6 +190,8 @@ class Rewriter:
                     value, delete_user_cb=lambda u: u not in new_set, propagate_meta=False
                 )
         self._erase_dead([*match.dropped, *match.nodes])
+        if match.seen_through:  # their readers inside the match are gone now
+            self._erase_dead(match.seen_through)
         unused = [n for n in new if not n.users and not n.is_impure()]
         if unused:  # e.g. a fused op's second result when the old value had no other reader
             self._erase_dead(unused)
@@ -230,6 +239,39 @@ class Rewriter:
         if values is None:
             self._undo(new)
         return new, values
+
+    def _replay(self, match: Match, new: list[Node], values: list[Node], anchor: Node):
+        """Give each output back the shape the replaced node had: where a value has the
+        shape of a chain's input and its output the shape of the chain's output (the match
+        saw through the chain with P.through), apply the chain's ops to the value again.
+        New nodes are appended to ``new``; returns the values to use."""
+        out = list(values)
+        for i, (old, value) in enumerate(zip(match.outputs, values)):
+            want, have = _shape(old), _shape(value)
+            if want is None or have is None or want == have:
+                continue
+            chain = next(
+                (c for c in match.chains if _shape(c[0].args[0]) == have and _shape(c[-1]) == want),
+                None,
+            )
+            if chain is None:
+                self._undo(new)
+                raise RewriteError(
+                    match.rule,
+                    f"the replacement's value for %{old.name} has shape {list(have)}, the "
+                    f"replaced node {list(want)}, and no view the match saw through maps one "
+                    "to the other",
+                )
+            made = []
+            cur = value
+            with self.graph.inserting_before(anchor):
+                for c in chain:
+                    cur = new_node(self.graph, c.op, c.target, (cur, *c.args[1:]), dict(c.kwargs))
+                    made.append(cur)
+            self.meta.values(made, {cur: old}, match.root)
+            new.extend(made)
+            out[i] = cur
+        return out
 
     def _values(self, match: Match, result: Any) -> list[Node]:
         rule = match.rule
@@ -333,6 +375,20 @@ def _wrap(v: Any, tracer: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return map_aggregate(v, lambda x: _Proxy(x, tracer) if isinstance(x, Node) else x)
     return v
+
+
+def _shape(node: Node) -> Any:
+    val = value_of(node)
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _to_edge(nodes: Iterable[Node]) -> None:
+    """Call the Edge spelling of each op among ``nodes``: ATen ops become Edge ops, and a
+    fused op wears the Edge wrapper of the same ``torch.ops.fxpass`` op (which ExecuTorch's
+    Edge verifier asks of every op)."""
+    for n in nodes:
+        if n.op == "call_function" and isinstance(n.target, _OpOverload):
+            n.target = edge_op(n.target)
 
 
 def _between(before: Node, anchor: Node) -> list[Node]:
