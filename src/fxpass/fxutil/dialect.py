@@ -27,11 +27,13 @@ import torch
 
 __all__ = [
     "aten_op",
+    "edge_call",
     "edge_op",
     "graph_is_edge",
     "has_dim_order_spelling",
     "is_edge_op",
     "spellings",
+    "uses_dim_order",
 ]
 
 _EDGE_TYPES = frozenset({"EdgeOpOverload", "EdgeOpOverloadPacket"})
@@ -113,6 +115,34 @@ def _spellings(op: torch._ops.OpOverload) -> tuple[Any, ...]:
         with contextlib.suppress(AttributeError, RuntimeError):
             out.append(_edge_op(target))
     return tuple(out)
+
+
+def edge_call(op: Any, args: tuple, kwargs: dict, *, dim_order: bool = True):
+    """``(target, args, kwargs)`` with which an Edge graph calls the op ``op``: its Edge op;
+    for ``_to_copy``, ``clone`` and ``empty`` in a graph that uses dim orders (ExecuTorch's
+    default, see :func:`uses_dim_order`) the Edge dim-order op, when no memory format other
+    than ``preserve_format`` is asked for. Edge ops come back as they are."""
+    if is_edge_op(op):
+        return op, args, kwargs
+    fmt = kwargs.get("memory_format")
+    if dim_order and has_dim_order_spelling(op) and fmt in (None, torch.preserve_format):
+        name = next(k for k, v in _DIM_ORDER.items() if v == (op._name[6:], op._overloadname))
+        namespace, short = name.split("::")
+        target = _edge_op(getattr(getattr(torch.ops, namespace), short).default)
+        kwargs = {k: v for k, v in kwargs.items() if k != "memory_format"}
+        return target, args, kwargs
+    return _edge_op(op), args, kwargs
+
+
+def uses_dim_order(nodes: Iterable[Any]) -> bool:
+    """Whether an Edge graph spells ``_to_copy``, ``clone`` and ``empty`` with ExecuTorch's
+    dim-order ops (the default): False when it calls their memory-format Edge ops."""
+    return not any(
+        n.op == "call_function"
+        and type(n.target).__name__ == "EdgeOpOverload"
+        and has_dim_order_spelling(n.target._op)
+        for n in nodes
+    )
 
 
 def graph_is_edge(nodes: Iterable[Any]) -> bool:

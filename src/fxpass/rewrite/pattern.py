@@ -17,7 +17,9 @@ Building blocks:
   ``kwargs``. Arguments are sub-patterns or literals (a literal must be equal). For ATen ops
   the arguments are compared by the op's schema: keyword or positional spelling does not
   matter, and arguments the pattern leaves out must have their default value (write ``...``
-  as the last positional argument to leave them free).
+  as the last positional argument to leave them free). An op stands for all its spellings:
+  ``aten.add.Tensor`` and ExecuTorch's ``exir_ops.edge.aten.add.Tensor`` match each other's
+  nodes, and ``aten._to_copy``/``aten.clone`` match Edge's dim-order copies.
 * ``P.var(name, dtype=, rank=, shape=, where=)`` matches any value (a node or a literal) and
   binds it; the same name used twice must bind the same value. Constraints read the node's
   ``meta['val']``.
@@ -46,7 +48,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from ..fxutil.dialect import aten_op
+from ..fxutil.dialect import aten_op, is_edge_op
 from ..fxutil.views import keeps_rows
 from ._location import caller_location
 from ._state import MISSING, MatchState
@@ -838,6 +840,8 @@ class P(Pattern):
         ops = op if isinstance(op, (set, frozenset, list, tuple)) else [op]
         fns, packets, methods, modules = set(), set(), set(), set()
         for o in ops:
+            if is_edge_op(o):  # an Edge op is its ATen op: the pattern matches both spellings
+                o = aten_op(o)
             if isinstance(o, str):
                 methods.add(o)
             elif isinstance(o, _OpOverloadPacket):
@@ -937,7 +941,7 @@ class P(Pattern):
         ``op`` itself (an op packet matches only nodes calling the packet, not its
         overloads) and the operands are in the given order (no commutative swap)."""
         p = P(op, *args, **kwargs)
-        if isinstance(op, _OpOverloadPacket):
+        if isinstance(op, _OpOverloadPacket) or is_edge_op(op):
             p.fns, p.fn_ids, p.packets = frozenset([op]), frozenset([id(op)]), frozenset()
         p.commutative = False
         p.one_spelling = True

@@ -22,12 +22,13 @@ from torch.fx.proxy import GraphAppendingTracer
 
 from ..core.context import ChangeEvent, current_context
 from ..core.errors import FxpassError
-from ..fxutil.dialect import edge_op, graph_is_edge
+from ..fxutil.dialect import edge_call, graph_is_edge, uses_dim_order
 from ._location import short
 from .match import Match, RuleStats
 from .metadata import MetaPropagator
 from .order import TopoOrder, _sort_key, users_before
 from .pattern import value_of
+from .rule import _droppable
 
 __all__ = ["RewriteError", "Rewriter"]
 
@@ -130,6 +131,7 @@ class Rewriter:
             pass_name = path[-1] if path else "rewrite"
         self.pass_name = pass_name
         self._order: TopoOrder | None = None
+        self._dim_order: bool | None = None
         self._tracer = _Tracer(self.graph)
         self.meta = MetaPropagator()
         self.fast_erase = _fast_eraser(self.graph)  # None: use graph.erase_node
@@ -142,6 +144,12 @@ class Rewriter:
         if self._order is None:
             self._order = TopoOrder(self.graph)
         return self._order
+
+    def dim_order(self) -> bool:
+        """Whether this (Edge) graph spells casts and clones with dim-order ops."""
+        if self._dim_order is None:
+            self._dim_order = uses_dim_order(self.graph.nodes)
+        return self._dim_order
 
     # ----- applying a match ---------------------------------------------------------------
     def apply(self, match: Match, stats: RuleStats | None = None) -> bool:
@@ -165,7 +173,7 @@ class Rewriter:
                 stats.declined += 1
             return False
         if graph_is_edge(match.nodes):
-            _to_edge(new)  # an Edge graph gets Edge ops
+            _to_edge(new, self.dim_order())  # an Edge graph gets Edge ops
         donors = {v: o for o, v in zip(outputs, values) if v in new}
         self.meta.values(new, donors, match.root)
         if match.chains:
@@ -191,7 +199,7 @@ class Rewriter:
                 )
         self._erase_dead([*match.dropped, *match.nodes])
         if match.seen_through:  # their readers inside the match are gone now
-            self._erase_dead(match.seen_through)
+            self._erase_dead(_with_dropped_users(match.seen_through, rule.drop_users))
         unused = [n for n in new if not n.users and not n.is_impure()]
         if unused:  # e.g. a fused op's second result when the old value had no other reader
             self._erase_dead(unused)
@@ -377,18 +385,32 @@ def _wrap(v: Any, tracer: Any) -> Any:
     return v
 
 
+def _with_dropped_users(nodes: list[Node], drop: frozenset) -> list[Node]:
+    """``nodes`` and, for each used only by droppable checks (export's asserts), those."""
+    out = list(nodes)
+    for n in nodes:
+        users = list(n.users)
+        if users and all(u.op == "call_function" and _droppable(u, drop) for u in users):
+            out.extend(users)
+    return out
+
+
 def _shape(node: Node) -> Any:
     val = value_of(node)
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def _to_edge(nodes: Iterable[Node]) -> None:
-    """Call the Edge spelling of each op among ``nodes``: ATen ops become Edge ops, and a
-    fused op wears the Edge wrapper of the same ``torch.ops.fxpass`` op (which ExecuTorch's
-    Edge verifier asks of every op)."""
+def _to_edge(nodes: Iterable[Node], dim_order: bool) -> None:
+    """Call the Edge spelling of each op among ``nodes``: ATen ops become Edge ops (casts and
+    clones ExecuTorch's dim-order ops where the graph uses them), and a fused op wears the
+    Edge wrapper of the same ``torch.ops.fxpass`` op (ExecuTorch's Edge verifier asks every
+    op to be an Edge op)."""
     for n in nodes:
         if n.op == "call_function" and isinstance(n.target, _OpOverload):
-            n.target = edge_op(n.target)
+            target, _, kwargs = edge_call(n.target, n.args, n.kwargs, dim_order=dim_order)
+            n.target = target
+            if kwargs is not n.kwargs:
+                n.kwargs = kwargs
 
 
 def _between(before: Node, anchor: Node) -> list[Node]:

@@ -29,6 +29,7 @@ from torch import fx
 from torch.fx import Node
 
 from ..core.contract import Pass, PassResult
+from ..fxutil.dialect import aten_op
 from ._location import caller_location, short
 from ._state import MISSING, MatchState
 from .order import find_cycle
@@ -244,7 +245,7 @@ class Rule:
                 for u in n.users:
                     if u in matched:
                         continue
-                    if drop and u.op == "call_function" and u.target in drop and not u.users:
+                    if drop and u.op == "call_function" and _droppable(u, drop):
                         dropped.append(u)
                         continue
                     if st.explain:
@@ -294,6 +295,11 @@ _OUTS = -1  # memo slots for the final step's results (ids of objects are never 
 _DROPPED = -2
 _NODES = -3  # the matched nodes, each once, in matching order
 _SOFT = -4  # nodes seen through that stay in the graph (see _seen_through)
+
+
+def _droppable(node: Node, drop: frozenset) -> bool:
+    """An unused check (export's assert) of an op in ``drop``, in any spelling."""
+    return not node.users and (node.target in drop or aten_op(node.target) in drop)
 
 
 def _seen_through(chains: list, matched: dict, outs: list) -> list[Node]:

@@ -7,6 +7,8 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
+from ...fxutil.views import view_variant
 from ._alias import AliasInfo
 from ._copies import copy_is_unobservable, input_becomes_output, view_is_replaceable
 from ._edit import allow, replace_all_uses
@@ -46,7 +48,7 @@ _DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.
 
 
 def _packet(node: fx.Node):
-    return getattr(node.target, "overloadpacket", None)
+    return getattr(aten_op(node.target), "overloadpacket", None)
 
 
 def _py_name(node: fx.Node) -> str:
@@ -64,7 +66,8 @@ def _dropout_off(node: fx.Node) -> bool:
         return isinstance(mod, _DROPOUTS) and (not mod.training or mod.p == 0)
     if node.op != "call_function":
         return False
-    if node.target in (aten.dropout.default, torch.dropout, torch._C._VariableFunctions.dropout):
+    dropouts = (aten.dropout.default, torch.dropout, torch._C._VariableFunctions.dropout)
+    if node.target in dropouts or aten_op(node.target) is aten.dropout.default:
         train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
         return train is False
     if node.target is torch.nn.functional.dropout:
@@ -83,6 +86,9 @@ def _kind(node: fx.Node) -> str | None:
         return "view" if not node.kwargs.get("copy", False) else "copy"
     if packet in _ATEN_COPIES:
         return "copy"
+    view = view_variant(node.target) if packet is not None else None
+    if view is not None and view.overloadpacket in _ATEN_VIEWS:
+        return "copy"  # view_copy, permute_copy...: the functional graphs' (Edge) views
     name = _py_name(node)
     if name in _PY_VIEWS and not node.kwargs.get("copy", False):
         return "view"
