@@ -86,7 +86,8 @@ def has_dim_order_spelling(op: Any) -> bool:
     ``_to_copy``, ``clone`` and ``empty.memory_format``."""
     if not isinstance(op, torch._ops.OpOverload):
         return False
-    return (op._name[6:], op._overloadname) in _DIM_ORDER.values() and op._name.startswith("aten::")
+    name = op._schema.name
+    return name.startswith("aten::") and (name[6:], op._overloadname) in _DIM_ORDER.values()
 
 
 def spellings(op: Any) -> tuple[Any, ...]:
@@ -103,7 +104,7 @@ def spellings(op: Any) -> tuple[Any, ...]:
 def _spellings(op: torch._ops.OpOverload) -> tuple[Any, ...]:
     found = [op]
     for name, (aten_name, overload) in _DIM_ORDER.items():
-        if op._name == f"aten::{aten_name}" and op._overloadname == overload:
+        if op._schema.name == f"aten::{aten_name}" and op._overloadname == overload:
             namespace, short = name.split("::")
             packet = getattr(getattr(torch.ops, namespace), short, None)
             if packet is not None:
@@ -126,7 +127,8 @@ def edge_call(op: Any, args: tuple, kwargs: dict, *, dim_order: bool = True):
         return op, args, kwargs
     fmt = kwargs.get("memory_format")
     if dim_order and has_dim_order_spelling(op) and fmt in (None, torch.preserve_format):
-        name = next(k for k, v in _DIM_ORDER.items() if v == (op._name[6:], op._overloadname))
+        key = (op._schema.name[6:], op._overloadname)
+        name = next(k for k, v in _DIM_ORDER.items() if v == key)
         namespace, short = name.split("::")
         target = _edge_op(getattr(getattr(torch.ops, namespace), short).default)
         kwargs = {k: v for k, v in kwargs.items() if k != "memory_format"}

@@ -75,14 +75,14 @@ def copy_variant(op: Any) -> Any:
     None when it has none."""
     op = aten_op(op)
     found = _table().get(op)
-    return found if found is not None and found._name.endswith("_copy") else None
+    return found if found is not None and found._schema.name.endswith("_copy") else None
 
 
 def view_variant(op: Any) -> Any:
     """The ATen view op whose ``*_copy`` variant ``op`` is (Edge ops too), or None."""
     op = aten_op(op)
     found = _table().get(op)
-    return found if found is not None and not found._name.endswith("_copy") else None
+    return found if found is not None and not found._schema.name.endswith("_copy") else None
 
 
 def view_base_name(node: fx.Node) -> str | None:
@@ -98,11 +98,12 @@ def view_base_name(node: fx.Node) -> str | None:
     target = node.target
     op = aten_op(target)
     if isinstance(op, torch._ops.OpOverload):
-        if op._name.endswith("_copy"):
+        if op._schema.name.endswith("_copy"):
             op = view_variant(op) or op
-        if not op._name.startswith("aten::") or op._overloadname == "dtype":
+        name = op._schema.name
+        if not name.startswith("aten::") or op._overloadname == "dtype":
             return None
-        name = op._name[6:]
+        name = name[6:]
     elif getattr(target, "__module__", None) in ("torch", "torch._C._VariableFunctions"):
         name = getattr(target, "__name__", "")
     else:

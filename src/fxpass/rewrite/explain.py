@@ -22,10 +22,10 @@ from ..fxutil.dialect import aten_op
 from ._location import short
 from ._state import MatchState
 from .match import _lazy_order
-from .pattern import node_key, op_name
+from .pattern import AnyOf, P, Pattern, node_key, op_name
 from .rule import Rule, RuleSet, as_rule
 
-__all__ = ["Explanation", "GraphExplanation", "explain"]
+__all__ = ["Explanation", "GraphExplanation", "explain", "near_misses"]
 
 
 @dataclass
@@ -154,6 +154,47 @@ def _explain_graph(rule: Rule, graph: fx.Graph) -> GraphExplanation:
         out.reasons[reason] = out.reasons.get(reason, 0) + 1
         if out.closest is None or e.depth > out.closest.depth:
             out.closest = e
+    return out
+
+
+def min_ops(p: Pattern) -> int:
+    """The fewest op nodes a complete match of ``p`` covers (alternatives: the shortest)."""
+    memo: dict[int, int] = {}
+
+    def walk(q: Pattern) -> int:
+        key = id(q)
+        if key not in memo:
+            memo[key] = 0  # a DAG revisits shared patterns: count them once
+            if isinstance(q, AnyOf):
+                memo[key] = min((walk(o) for o in q.options), default=0)
+            else:
+                own = 1 if isinstance(q, P) else 0
+                memo[key] = own + sum(walk(c) for c in q.children())
+        return memo[key]
+
+    return walk(p)
+
+
+def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explanation]:
+    """The candidate nodes (those calling the rule's root op) where ``rule`` came close:
+    matching got through at least half of the pattern's ops (two at least) before it
+    failed, or the whole structure matched and a check on the whole match said no (an
+    extra user, ``where``, a cycle). Replays at most ``limit`` unmatched candidates."""
+    keys = rule.index_keys()
+    need = max(2, (min_ops(rule.roots[0]) + 1) // 2)
+    order = _lazy_order(graph)
+    out: list[Explanation] = []
+    replayed = 0
+    for node in graph.nodes:
+        if replayed >= limit:
+            break
+        if keys is not None and not _may_root(keys, node):
+            continue
+        replayed += 1
+        e = explain_at(rule, node, order)
+        if not e.matched and e.depth >= need:
+            out.append(e)
+    out.sort(key=lambda e: -e.depth)
     return out
 
 
