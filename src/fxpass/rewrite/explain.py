@@ -19,10 +19,11 @@ from torch import fx
 from torch.fx import Node
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.views import view_base_name
 from ._location import short
 from ._state import MatchState
 from .match import _lazy_order
-from .pattern import AnyOf, P, Pattern, node_key, op_name
+from .pattern import CAST_OPS, AnyOf, P, Pattern, node_key, op_name
 from .rule import Rule, RuleSet, as_rule
 
 __all__ = ["Explanation", "GraphExplanation", "explain", "near_misses"]
@@ -177,9 +178,11 @@ def min_ops(p: Pattern) -> int:
 
 def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explanation]:
     """The candidate nodes (those calling the rule's root op) where ``rule`` came close:
-    matching got through at least half of the pattern's ops (two at least) before it
-    failed, or the whole structure matched and a check on the whole match said no (an
-    extra user, ``where``, a cycle). Replays at most ``limit`` unmatched candidates."""
+    matching got through at least half of the pattern's ops (two at least) and then failed
+    on a check — an extra user, a literal, a dtype or shape, a name bound twice, ``where``,
+    a cycle — or on a view or cast in the way (which :meth:`P.through` sees through), not
+    on a graph that simply computes something else. Replays at most ``limit`` unmatched
+    candidates; the deepest misses come first."""
     keys = rule.index_keys()
     need = max(2, (min_ops(rule.roots[0]) + 1) // 2)
     order = _lazy_order(graph)
@@ -192,10 +195,22 @@ def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explana
             continue
         replayed += 1
         e = explain_at(rule, node, order)
-        if not e.matched and e.depth >= need:
+        if not e.matched and e.depth >= need and _close(e):
             out.append(e)
     out.sort(key=lambda e: -e.depth)
     return out
+
+
+def _close(e: Explanation) -> bool:
+    """A miss on a check, or on an op that only reshapes or converts its input."""
+    if not e.reason.startswith("wrong op"):
+        return True
+    at = e.at
+    if at is None or at.op not in ("call_function", "call_method"):
+        return False
+    if view_base_name(at) is not None:
+        return True
+    return at.target in CAST_OPS or aten_op(at.target) in CAST_OPS
 
 
 def explain(rules: Any, target: Any) -> Any:

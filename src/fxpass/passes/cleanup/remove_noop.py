@@ -9,9 +9,9 @@ from ...core.context import stat
 from ...core.registry import _builtin
 from ...fxutil.dialect import aten_op
 from ...fxutil.views import view_variant
-from ._alias import AliasInfo
-from ._copies import copy_is_unobservable, input_becomes_output, view_is_replaceable
-from ._edit import allow, replace_all_uses
+from ._alias import AliasInfo, node_val
+from ._copies import copy_is_unobservable, input_becomes_output, same_layout, view_is_replaceable
+from ._edit import allow, fake_value, replace_all_uses
 
 __all__ = ["remove_noop"]
 
@@ -78,7 +78,7 @@ def _dropout_off(node: fx.Node) -> bool:
 
 def _kind(node: fx.Node) -> str | None:
     """ "dropout" (returns its input itself), "view" (shares memory with its input), "copy"
-    (a fresh copy) or None."""
+    (a fresh copy), "view_copy" (a fresh copy of a view) or None."""
     if _dropout_off(node):
         return "dropout"
     packet = _packet(node)
@@ -88,13 +88,21 @@ def _kind(node: fx.Node) -> str | None:
         return "copy"
     view = view_variant(node.target) if packet is not None else None
     if view is not None and view.overloadpacket in _ATEN_VIEWS:
-        return "copy"  # view_copy, permute_copy...: the functional graphs' (Edge) views
+        return "view_copy"  # view_copy, permute_copy...: functional (Edge) graphs' views
     name = _py_name(node)
     if name in _PY_VIEWS and not node.kwargs.get("copy", False):
         return "view"
     if name in _PY_COPIES:
         return "copy"
     return None
+
+
+def _view_is_noop(node: fx.Node, src: fx.Node) -> bool:
+    """Would the view a ``*_copy`` op copies (``permute`` for ``permute_copy``) return its
+    input's exact layout? A contiguous copy of a transpose has its input's shape and
+    strides too, and other values: only the view tells."""
+    view = fake_value(view_variant(node.target), node.args, node.kwargs)
+    return same_layout(view, node_val(src))
 
 
 @_builtin("remove_noop")
@@ -127,8 +135,8 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
         if kind is None or not node.args or not isinstance(node.args[0], fx.Node):
             continue
         src = node.args[0]
-        if kind == "copy":
-            if not copies:
+        if kind in ("copy", "view_copy"):
+            if not copies or (kind == "view_copy" and not _view_is_noop(node, src)):
                 continue
             info = info or AliasInfo(gm.graph)
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
@@ -138,8 +146,11 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
             ok = view_is_replaceable(node, src)
         if ok and allow():
             replace_all_uses(node, src, "remove_noop")
-            stat("copies_removed" if kind == "copy" else "views_removed")
-            if kind == "copy":  # readers of the copy now alias its source: rebuild the facts
+            stat("views_removed" if kind in ("view", "dropout") else "copies_removed")
+            if kind in (
+                "copy",
+                "view_copy",
+            ):  # readers of the copy now alias its source: rebuild the facts
                 info = None
             changed = True
     return changed
