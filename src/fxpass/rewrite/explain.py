@@ -178,13 +178,13 @@ def min_ops(p: Pattern) -> int:
 
 def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explanation]:
     """The candidate nodes (those calling the rule's root op) where ``rule`` came close:
-    matching got through at least half of the pattern's ops (two at least) and then failed
+    matching got through half of the pattern's ops (the root at least) and then failed
     on a check — an extra user, a literal, a dtype or shape, a name bound twice, ``where``,
-    a cycle — or on a view or cast in the way (which :meth:`P.through` sees through), not
-    on a graph that simply computes something else. Replays at most ``limit`` unmatched
+    a cycle — or on views or casts in front of an op the rule names (which
+    :meth:`P.through` sees past), not on a graph that simply computes something else. Replays at most ``limit`` unmatched
     candidates; the deepest misses come first."""
     keys = rule.index_keys()
-    need = max(2, (min_ops(rule.roots[0]) + 1) // 2)
+    need = max(1, min_ops(rule.roots[0]) // 2)
     order = _lazy_order(graph)
     out: list[Explanation] = []
     replayed = 0
@@ -195,22 +195,35 @@ def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explana
             continue
         replayed += 1
         e = explain_at(rule, node, order)
-        if not e.matched and e.depth >= need and _close(e):
+        if not e.matched and e.depth >= need and _close(e, rule):
             out.append(e)
     out.sort(key=lambda e: -e.depth)
     return out
 
 
-def _close(e: Explanation) -> bool:
-    """A miss on a check, or on an op that only reshapes or converts its input."""
+def _close(e: Explanation, rule: Rule) -> bool:
+    """A miss on a check, or on views and casts in front of an op the rule names."""
     if not e.reason.startswith("wrong op"):
         return True
-    at = e.at
-    if at is None or at.op not in ("call_function", "call_method"):
+    node = e.at
+    hops = 0
+    while _in_the_way(node) and hops < 16:
+        node, hops = node.args[0], hops + 1
+    if not hops or not isinstance(node, Node) or node.op != "call_function":
         return False
-    if view_base_name(at) is not None:
+    names = {id(t) for p in rule.roots for q in p.walk() if isinstance(q, P) for t in q.fns}
+    return id(node.target) in names or id(aten_op(node.target)) in names
+
+
+def _in_the_way(node: Any) -> bool:
+    """A view or cast: what P.through sees past."""
+    if not isinstance(node, Node) or node.op not in ("call_function", "call_method"):
+        return False
+    if not node.args or not isinstance(node.args[0], Node):
+        return False
+    if view_base_name(node) is not None:
         return True
-    return at.target in CAST_OPS or aten_op(at.target) in CAST_OPS
+    return node.target in CAST_OPS or aten_op(node.target) in CAST_OPS
 
 
 def explain(rules: Any, target: Any) -> Any:

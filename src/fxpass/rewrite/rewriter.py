@@ -61,6 +61,8 @@ class _Proxy(Proxy):
         tracer = _tracer_in(args) or _tracer_in(tuple((kwargs or {}).values()))
         if isinstance(orig, _OpOverload):
             kind, target = "call_function", orig
+        elif isinstance(orig, torch._ops.OpOverloadPacket) and orig.overloads() == ["default"]:
+            kind, target = "call_function", orig.default  # what an ExportedProgram asks for
         elif torch.overrides.is_tensor_method_or_property(orig):
             kind, target = "call_method", orig.__name__
         else:
@@ -108,9 +110,10 @@ def new_node(
         if hit is None or hit[0] is not target:
             hit = _NAMES[id(target)] = (target, graph._target_to_str(target))
         name = hit[1]
-    node = graph.create_node(op, target, (), {}, name, type_expr)
+    # unwrap first: an argument may create its node on demand (torch's ``x.shape`` proxy)
     args = map_aggregate(args, _unwrap)
     kwargs = map_aggregate(kwargs, _unwrap)
+    node = graph.create_node(op, target, (), {}, name, type_expr)
     if args or kwargs:
         node._update_args_kwargs(args, kwargs)
     return node
