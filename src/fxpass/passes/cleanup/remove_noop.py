@@ -119,6 +119,10 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
       mutated, its source is not mutated while it is read, and it does not hand the
       caller's memory back as an output. ``copies=False`` keeps every copy.
 
+    In functional graphs (ExecuTorch's Edge dialect) a ``*_copy`` of a view
+    (``view_copy``, ``permute_copy``...) or a dim-order cast or clone goes when the view it
+    copies would be a no-op and nothing can tell the copy from its source.
+
     Inputs never become direct outputs (backends reject that). Train-mode dropout and
     conversions that change dtype, device or memory layout stay.
 
