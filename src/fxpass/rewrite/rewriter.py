@@ -410,7 +410,10 @@ def _to_edge(nodes: Iterable[Node], dim_order: bool) -> None:
     op to be an Edge op)."""
     for n in nodes:
         if n.op == "call_function" and isinstance(n.target, _OpOverload):
-            target, _, kwargs = edge_call(n.target, n.args, n.kwargs, dim_order=dim_order)
+            try:
+                target, _, kwargs = edge_call(n.target, n.args, n.kwargs, dim_order=dim_order)
+            except AttributeError:  # no Edge spelling: leave it, ExecuTorch's verifier says so
+                continue
             n.target = target
             if kwargs is not n.kwargs:
                 n.kwargs = kwargs
