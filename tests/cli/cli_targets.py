@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from fxpass.models.llama import build_decoder
+from fxpass.rewrite import P, Rule, rules
 
 
 def tiny():
@@ -17,3 +20,30 @@ def broken():
 
 def not_a_model():
     return 42
+
+
+def tiny_fp32():
+    """The tiny decoder in float32, exported as users export it (no decompositions): the
+    graph keeps a no-op ``.to(torch.float32)`` between each residual add and its norm."""
+    model = build_decoder(layers=2, dtype=torch.float32)
+    return torch.export.export(model, model.example_inputs())
+
+
+def _strict_add_norm():
+    """A residual add + RMSNorm rule that does not see through casts (near misses above)."""
+    aten = torch.ops.aten
+    total = P(aten.add.Tensor, P.node("x"), P.node("r")).named("sum")
+    h = P.cast(total, torch.float32)
+    var = P(aten.mean.dim, P(aten.pow.Tensor_Scalar, h, 2), [-1], True)
+    eps = P(aten.add.Tensor, var, P.const("eps"))
+    normed = P(aten.mul.Tensor, h, P(aten.rsqrt.default, eps))
+    norm = P(aten.mul.Tensor, P.node("w"), P.cast(normed, torch.float32))
+
+    def fuse(x, r, w, eps):
+        out = torch.ops.fxpass.fused_add_rmsnorm(x, r, w, eps)
+        return out[0], out[1]
+
+    return rules("strict_add_norm", [Rule(norm, fuse, outputs=["sum"], name="strict")])
+
+
+strict_add_norm = _strict_add_norm()

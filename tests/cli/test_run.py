@@ -158,3 +158,11 @@ def test_verify_finds_a_divergence_in_a_graph_module(work: Path):
     assert data["numerics"]["first_divergence"]["pass"] == "add_as_sub_neg"
     assert "numerics diverged; g2.fxgraph not written" in one_line_error(r)
     assert not (work / "g2.fxgraph").exists()
+
+
+def test_a_rule_that_tried_many_and_matched_few_says_where_it_came_close(work: Path):
+    r = fxpass("run", "cli_targets:tiny_fp32", "-p", "cli_targets:strict_add_norm", cwd=work)
+    assert r.code == 0, r.err
+    hint = r.out[r.out.index("hint: strict_add_norm") :]
+    assert "rule 'strict' was tried at" in hint and "near miss" in hint
+    assert "extra user:" in hint and "fxpass.rewrite.explain(rule, gm)" in hint

@@ -191,3 +191,34 @@ def test_fuzzed_graphs_compute_the_same_values(steps, once):
         torch.testing.assert_close(got, want)
     if not once:  # at the fixpoint, no rule matches anywhere
         assert rewrite(gm, ALGEBRA).rewrites == 0
+
+
+def test_rules_written_for_aten_rewrite_edge_programs():
+    """The op index finds the Edge spellings of the root op; the compiled matcher takes them;
+    what the replacement adds to an Edge graph is Edge."""
+    edge = pytest.importorskip("_edge")  # skips where executorch is not installed
+    from fxpass.fxutil.dialect import is_edge_op
+
+    ep, args = edge.edge_program("llama"), edge.example_inputs("llama")
+    expected = ep.module()(*args)
+    half = Rule(P(aten.mul.Scalar, P.node("x"), 0.5), lambda x: aten.div.Tensor(x, 2.0))
+    assert rewrite(ep.graph_module, [half], once=True).rewrites == 4  # q and k, per layer
+    assert half._compiled is not None  # straight-line code, Edge targets included
+    divs = [n for n in ep.graph.nodes if "div" in str(n.target)]
+    assert len(divs) == 4 and all(is_edge_op(n.target) for n in divs)
+    ep.graph_module.recompile()
+    torch.testing.assert_close(ep.module()(*args), expected)
+
+
+def test_a_rule_that_tried_many_and_matched_few_reports_its_near_misses():
+    from cli_targets import strict_add_norm, tiny_fp32  # tests/cli: a strict rule, a graph
+
+    report = fp.Pipeline([strict_add_norm]).run(tiny_fp32().graph_module).report
+    (hint,) = report.find("strict_add_norm").hints
+    assert "rule 'strict' was tried at" in hint and "3 near misses" in hint
+    assert "extra user: %to_" in hint and "fxpass.rewrite.explain(rule, gm)" in hint
+    assert "hint: strict_add_norm: " in str(report)
+    assert fp.Report.from_dict(report.to_dict()).find("strict_add_norm").hints == [hint]
+    library = fp.Pipeline(["fuse_add_rmsnorm"]).run(tiny_fp32().graph_module).report
+    assert library.find("fuse_add_rmsnorm").stats["rewrites"] == 4
+    assert not library.find("fuse_add_rmsnorm").hints  # every site fused: nothing to say

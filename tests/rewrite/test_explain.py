@@ -85,3 +85,31 @@ def test_cycle_reason():
     rule = Rule(P(torch.mul, s, P(torch.add, P.var("t"), 2)), lambda x, t: (x, x), outputs=["s"])
     why = explain(rule, gm)
     assert not why.matches and "cycle" in str(why)
+
+
+def test_near_misses_are_deep_misses_on_a_check_or_a_view():
+    from fxpass.rewrite.explain import near_misses
+
+    gm = exported_gm()
+    deep = Rule(P(aten.rsqrt.default, P(aten.add.Tensor, P.any(), 1e-5)), lambda: None)
+    misses = near_misses(deep, gm.graph)  # eps is 1e-6: a literal check, past the root
+    assert len(misses) == 5 and all("literal differs" in e.reason for e in misses)
+    other = Rule(P(aten.rsqrt.default, P(aten.sub.Tensor, P.any(), P.any())), lambda: None)
+    assert not near_misses(other, gm.graph)  # a graph computing something else
+
+
+class _Flat(torch.nn.Module):
+    def forward(self, x, r):
+        return torch.relu(torch.sin(x + r).reshape(-1, 8)), x + r
+
+
+def test_a_view_in_front_of_an_op_the_rule_names_is_a_near_miss():
+    from fxpass.rewrite.explain import near_misses
+
+    gm = torch.export.export(_Flat(), (torch.randn(2, 4, 8), torch.randn(2, 4, 8))).graph_module
+    sin = P(aten.sin.default, P(aten.add.Tensor, P.var("a"), P.var("b")))
+    strict = Rule(P(aten.relu.default, sin), lambda a, b: None)
+    (miss,) = near_misses(strict, gm.graph)
+    assert "got aten.reshape.default" in miss.reason
+    seeing = Rule(P(aten.relu.default, P.through(sin)), lambda a, b: None)
+    assert len(explain(seeing, gm).matches) == 1

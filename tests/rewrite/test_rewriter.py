@@ -94,3 +94,16 @@ def test_rewriting_keeps_graph_order_positions():
     order = TopoOrder(gm.graph)
     keys = [order[n] for n in gm.graph.nodes]
     assert keys == sorted(keys)
+
+
+def test_a_replacement_may_read_shapes():
+    """``x.shape[-1]`` makes its getattr node on first use: it must come before its reader."""
+    ep = torch.export.export(torch.nn.ReLU(), (torch.randn(2, 8),))
+    scale = Rule(
+        P(aten.relu.default, P.node("x")),
+        lambda x: aten.mul.Tensor(aten.relu.default(x), torch.ones(x.shape[-1])),
+    )
+    assert rewrite(ep.graph_module, [scale], once=True).rewrites == 1
+    ep.graph_module.graph.lint()
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(ep.graph_module(x)[0], x.relu())

@@ -36,6 +36,9 @@ class PassRecord:
     children: list[PassRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    #: What the run suggests looking at: e.g. a rule that tried many nodes, matched few
+    #: and came close somewhere (its near misses, and how to explain them)
+    hints: list[str] = field(default_factory=list)
 
     def walk(self, depth: int = 0) -> Iterator[tuple[int, PassRecord]]:
         """This record and every record below it, with its depth."""
@@ -56,6 +59,7 @@ class PassRecord:
             "stats": dict(self.stats),
             "notes": list(self.notes),
             "error": self.error,
+            "hints": list(self.hints),
             "children": [c.to_dict() for c in self.children],
         }
 
@@ -170,6 +174,9 @@ class Report:
         yield self.table()
         for line in self.suppressed:
             yield Text(f"suppressed: {line}", style="yellow")
+        for _, rec in self.root.walk():
+            for hint in rec.hints:
+                yield Text(f"hint: {rec.name}: {hint}", style="yellow")
         if self.error:
             yield Text(f"error: {self.error}", style="red")
 

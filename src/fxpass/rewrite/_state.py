@@ -26,6 +26,7 @@ class MatchState:
     """
 
     __slots__ = (
+        "chains",
         "env",
         "exact_literals",
         "explain",
@@ -56,6 +57,8 @@ class MatchState:
         self.env: dict[str, Any] = {}
         self.memo: dict[int, Any] = {}
         self.nodes: list[Node] = []
+        # the runs of nodes a P.through pattern saw through (innermost first), in match order
+        self.chains: list[tuple[Node, ...]] = []
         self.roots: list[Node] = []  # the node each root of a multi-root pattern matched
         self.used: dict[Node, Any] = {}
         self.injective = injective
@@ -79,6 +82,8 @@ class MatchState:
             self.nodes.clear()
         if self.used:
             self.used.clear()
+        if self.chains:
+            self.chains.clear()
 
     def miss(self, reason: Callable[[], str], node: Any = None, *, whole: bool = False) -> bool:
         """Record why matching failed here (explain mode keeps the deepest failure); False.

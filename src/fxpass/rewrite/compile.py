@@ -20,6 +20,7 @@ from typing import Any
 
 from torch.fx import Node
 
+from ..fxutil.dialect import has_dim_order_spelling, is_edge_op
 from ._state import MISSING
 from .pattern import AnyOf, Const, Lit, P, Pattern, Seq, Var, _lit_eq, _strict_ok
 
@@ -57,9 +58,15 @@ def compile_rule(rule: Any) -> CompiledMatcher | None:
     source = f"def match(v0, st, final):\n{body}\n    return False\n"
     env = dict(gen.consts)
     env.update(Node=Node, _lit_eq=_lit_eq, _strict_ok=_strict_ok, MISSING=MISSING)
+    env.update(_edge_wrapped=_edge_wrapped)
     code = compile(source, f"<fxpass rule {rule.name}>", "exec")
     exec(code, env)
     return CompiledMatcher(env["match"], source)
+
+
+def _edge_wrapped(target: Any) -> Any:
+    """The ATen op an Edge op wraps (same schema); None for anything else."""
+    return target._op if is_edge_op(target) and hasattr(target, "_op") else None
 
 
 class _Static:
@@ -195,6 +202,8 @@ class _Gen:
             self.line(ind, f"if {v} is not {s.memo[id(p)]}: {f}")
             return ind, None, []
         single = len(p.fns) == 1 and not (p.packets or p.methods or p.modules)
+        if single and not p.one_spelling:  # a spelling with another schema takes the general path
+            single = not has_dim_order_spelling(next(iter(p.fns)))
         r = None
         if single:
             (target,) = p.fns
@@ -202,7 +211,13 @@ class _Gen:
             if not r.ok:
                 self.line(ind, f)  # can never match
                 return ind, [], []
-            self.line(ind, f"if {v}.target is not {self.const(target)}: {f}")
+            k = self.const(target)
+            if p.one_spelling:
+                self.line(ind, f"if {v}.target is not {k}: {f}")
+            else:  # or an Edge op wrapping it, whose schema is the same
+                self.line(
+                    ind, f"if {v}.target is not {k} and _edge_wrapped({v}.target) is not {k}: {f}"
+                )
             rv = self.const(r)
         else:
             pk = self.const(p)

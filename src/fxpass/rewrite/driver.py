@@ -26,7 +26,10 @@ from torch.fx import Node
 
 from ..core.context import current_context
 from ..core.errors import NonConvergenceError
+from ..fxutil.dialect import spellings
+from ._location import short
 from ._state import MatchState
+from .explain import near_misses
 from .match import Matcher, RuleStats
 from .order import _sort_key
 from .rewriter import Rewriter
@@ -106,7 +109,7 @@ def rewrite(
         seconds=time.perf_counter() - t0,
         mode="once" if once else "fixpoint",
     )
-    _report(result)
+    _report(result, matcher, rw.graph)
     return result
 
 
@@ -166,9 +169,9 @@ def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
                 return None
             methods.add(key[1])
         else:
-            found.extend(
-                graph.find_nodes(op="call_function", target=matcher._targets[key], sort=False)
-            )
+            target = matcher._targets[key]
+            for t in (target, *spellings(target)):  # Edge graphs call the Edge spellings
+                found.extend(graph.find_nodes(op="call_function", target=t, sort=False))
     if methods:
         found.extend(n for n in graph.find_nodes(op="call_method") if n.target in methods)
     found.sort(key=_sort_key)
@@ -204,6 +207,27 @@ def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: 
                 push(u)
 
 
+def _miss_hint(rule: Rule, s: RuleStats, graph: fx.Graph) -> str:
+    """What the report says of a rule that tried many nodes and matched few, if it came
+    close somewhere: the count, one or two near misses and why, and where to look."""
+    misses = near_misses(rule, graph)
+    if not misses:
+        return ""
+    many = f"{len(misses)}{'+' if len(misses) >= 64 else ''}"
+    lines = [
+        f"rule '{rule.name}' was tried at {s.tried} nodes and matched {s.matched}; "
+        f"{many} near miss{'es' if len(misses) != 1 else ''}, e.g."
+    ]
+    for e in misses[:2]:
+        where = f" [at %{e.at.name}]" if e.at is not None and e.at is not e.node else ""
+        lines.append(f"  %{e.node.name}: {e.reason}{where}")
+    lines.append(
+        "  (near miss: the root op and half the pattern or more matched; "
+        f"fxpass.rewrite.explain(rule, gm) says why; rule at {short(rule.location)})"
+    )
+    return "\n".join(lines)
+
+
 def _non_convergence(name: str, limit: int, matcher: Matcher) -> NonConvergenceError:
     busiest = sorted(matcher.stats.items(), key=lambda kv: -kv[1].rewritten)[:3]
     top = ", ".join(f"'{n}' ({s.rewritten} rewrites)" for n, s in busiest if s.rewritten)
@@ -214,10 +238,24 @@ def _non_convergence(name: str, limit: int, matcher: Matcher) -> NonConvergenceE
     )
 
 
-def _report(result: RewriteResult) -> None:
+#: A rule "tried many nodes and matched few" when it was tried at least this often...
+MANY = 8
+#: ...and matched at most this share of them; the report then shows its near misses.
+FEW = 0.25
+
+
+def _report(result: RewriteResult, matcher: Matcher, graph: fx.Graph) -> None:
     ctx = current_context()
     if ctx is None:
         return
+    record = ctx.record
+    if record is not None:
+        for rule in matcher.rules:
+            s = result.stats.get(rule.name)
+            if s is not None and s.tried >= MANY and s.matched <= FEW * s.tried:
+                hint = _miss_hint(rule, s, graph)
+                if hint:
+                    record.hints.append(hint)
     ctx.stat("rewrites", result.rewrites)
     for name, s in result.stats.items():
         if not s.tried:

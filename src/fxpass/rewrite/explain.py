@@ -18,13 +18,15 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
+from ..fxutil.dialect import aten_op
+from ..fxutil.views import view_base_name
 from ._location import short
 from ._state import MatchState
 from .match import _lazy_order
-from .pattern import node_key, op_name
+from .pattern import CAST_OPS, AnyOf, P, Pattern, node_key, op_name
 from .rule import Rule, RuleSet, as_rule
 
-__all__ = ["Explanation", "GraphExplanation", "explain"]
+__all__ = ["Explanation", "GraphExplanation", "explain", "near_misses"]
 
 
 @dataclass
@@ -110,21 +112,27 @@ def _root_ops(rule: Rule) -> str:
     return ", ".join(sorted(names))
 
 
+def _may_root(keys: frozenset, node: Node) -> bool:
+    """Can a rule filed under ``keys`` be rooted at ``node`` (its op, in any spelling)?"""
+    key = node_key(node)
+    if key in keys or getattr(key, "overloadpacket", None) in keys:
+        return True
+    base = aten_op(key)
+    return base is not key and (base in keys or getattr(base, "overloadpacket", None) in keys)
+
+
 def explain_at(rule: Rule, node: Node, order: Any = None) -> Explanation:
     """Why ``rule`` does (not) match at ``node``."""
     keys = rule.index_keys()
-    if keys is not None:
-        key = node_key(node)
-        packet = getattr(key, "overloadpacket", None)
-        if key not in keys and packet not in keys:
-            have = op_name(node.target) if node.op == "call_function" else f"a {node.op} node"
-            return Explanation(
-                rule,
-                node,
-                False,
-                f"wrong op at the root: the rule starts at {_root_ops(rule)}, %{node.name} is {have}",
-                node,
-            )
+    if keys is not None and not _may_root(keys, node):
+        have = op_name(node.target) if node.op == "call_function" else f"a {node.op} node"
+        return Explanation(
+            rule,
+            node,
+            False,
+            f"wrong op at the root: the rule starts at {_root_ops(rule)}, %{node.name} is {have}",
+            node,
+        )
     st = MatchState(explain=True, order=order if order is not None else _lazy_order(node.graph))
     if rule._try(node, st):
         return Explanation(rule, node, True)
@@ -136,10 +144,8 @@ def _explain_graph(rule: Rule, graph: fx.Graph) -> GraphExplanation:
     order = _lazy_order(graph)
     out = GraphExplanation(rule, 0)
     for node in graph.nodes:
-        if keys is not None:
-            key = node_key(node)
-            if key not in keys and getattr(key, "overloadpacket", None) not in keys:
-                continue
+        if keys is not None and not _may_root(keys, node):
+            continue
         out.candidates += 1
         e = explain_at(rule, node, order)
         if e.matched:
@@ -150,6 +156,74 @@ def _explain_graph(rule: Rule, graph: fx.Graph) -> GraphExplanation:
         if out.closest is None or e.depth > out.closest.depth:
             out.closest = e
     return out
+
+
+def min_ops(p: Pattern) -> int:
+    """The fewest op nodes a complete match of ``p`` covers (alternatives: the shortest)."""
+    memo: dict[int, int] = {}
+
+    def walk(q: Pattern) -> int:
+        key = id(q)
+        if key not in memo:
+            memo[key] = 0  # a DAG revisits shared patterns: count them once
+            if isinstance(q, AnyOf):
+                memo[key] = min((walk(o) for o in q.options), default=0)
+            else:
+                own = 1 if isinstance(q, P) else 0
+                memo[key] = own + sum(walk(c) for c in q.children())
+        return memo[key]
+
+    return walk(p)
+
+
+def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explanation]:
+    """The candidate nodes (those calling the rule's root op) where ``rule`` came close:
+    matching got through half of the pattern's ops (the root at least) and then failed
+    on a check — an extra user, a literal, a dtype or shape, a name bound twice, ``where``,
+    a cycle — or on views or casts in front of an op the rule names (which
+    :meth:`P.through` sees past), not on a graph that simply computes something else. Replays at most ``limit`` unmatched
+    candidates; the deepest misses come first."""
+    keys = rule.index_keys()
+    need = max(1, min_ops(rule.roots[0]) // 2)
+    order = _lazy_order(graph)
+    out: list[Explanation] = []
+    replayed = 0
+    for node in graph.nodes:
+        if replayed >= limit:
+            break
+        if keys is not None and not _may_root(keys, node):
+            continue
+        replayed += 1
+        e = explain_at(rule, node, order)
+        if not e.matched and e.depth >= need and _close(e, rule):
+            out.append(e)
+    out.sort(key=lambda e: -e.depth)
+    return out
+
+
+def _close(e: Explanation, rule: Rule) -> bool:
+    """A miss on a check, or on views and casts in front of an op the rule names."""
+    if not e.reason.startswith("wrong op"):
+        return True
+    node = e.at
+    hops = 0
+    while _in_the_way(node) and hops < 16:
+        node, hops = node.args[0], hops + 1
+    if not hops or not isinstance(node, Node) or node.op != "call_function":
+        return False
+    names = {id(t) for p in rule.roots for q in p.walk() if isinstance(q, P) for t in q.fns}
+    return id(node.target) in names or id(aten_op(node.target)) in names
+
+
+def _in_the_way(node: Any) -> bool:
+    """A view or cast: what P.through sees past."""
+    if not isinstance(node, Node) or node.op not in ("call_function", "call_method"):
+        return False
+    if not node.args or not isinstance(node.args[0], Node):
+        return False
+    if view_base_name(node) is not None:
+        return True
+    return node.target in CAST_OPS or aten_op(node.target) in CAST_OPS
 
 
 def explain(rules: Any, target: Any) -> Any:

@@ -15,9 +15,10 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
+from ..fxutil.dialect import aten_op, spellings
 from ._state import MatchState
 from .pattern import _OpOverload, _OpOverloadPacket
-from .rule import _DROPPED, _NODES, _OUTS, Rule
+from .rule import _DROPPED, _NODES, _OUTS, _SOFT, Rule
 
 __all__ = ["Match", "Matcher", "RuleStats"]
 
@@ -28,7 +29,10 @@ class Match:
 
     ``outputs`` are the nodes whose uses the replacement takes over (the roots, then the
     rule's named outputs); ``nodes`` every node matched by an op pattern; ``dropped`` the
-    assertion nodes hanging off inner nodes that go away with them.
+    assertion nodes hanging off inner nodes that go away with them; ``chains`` the runs of
+    views and no-op casts that :meth:`P.through <fxpass.rewrite.P.through>` patterns saw
+    through (innermost node first), and ``seen_through`` those of their nodes that stay in
+    the graph (erased once nothing uses them).
     """
 
     rule: Rule
@@ -38,6 +42,8 @@ class Match:
     outputs: list[Node]
     dropped: list[Node] = field(default_factory=list)
     inputs: list[Node] = field(default_factory=list)  # filled in by the fixpoint driver
+    chains: list[tuple[Node, ...]] = field(default_factory=list)
+    seen_through: list[Node] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> Any:
         try:
@@ -106,10 +112,18 @@ class Matcher:
         self.stats: dict[str, RuleStats] = {r.name: RuleStats() for r in self.rules}
 
     def wanted(self) -> set | None:
-        """Keys of every op some rule is rooted at (ids for functions); None: any node."""
+        """Keys of every op some rule is rooted at (ids for functions, their Edge spellings
+        included); None: any node."""
         if self._wild or self._has_packets:
             return None
-        return set(self._by_key)
+        keys = set(self._by_key)
+        for target in self.root_targets():
+            keys.update(id(s) for s in spellings(target))
+        return keys
+
+    def root_targets(self) -> list[Any]:
+        """The functions some rule is rooted at (not their other spellings)."""
+        return [self._targets[k] for k in self._by_key if not isinstance(k, tuple)]
 
     def reset_stats(self) -> None:
         for s in self.stats.values():
@@ -129,8 +143,12 @@ class Matcher:
         if hit is not None and hit[0] is target:
             return hit[1]
         idx = set(self._wild) | set(self._by_key.get(key, ()))
-        if op == "call_function" and isinstance(target, _OpOverload):
-            idx |= set(self._by_key.get(id(target.overloadpacket), ()))
+        if op == "call_function":
+            base = aten_op(target)  # rules written for ATen match its Edge spellings
+            if base is not target:
+                idx |= set(self._by_key.get(id(base), ()))
+            if isinstance(base, _OpOverload):
+                idx |= set(self._by_key.get(id(base.overloadpacket), ()))
         rules = tuple(self.rules[i] for i in sorted(idx))
         self._cache[key] = (target, rules)
         return rules
@@ -176,6 +194,8 @@ def _make_match(rule: Rule, node: Node, st: MatchState) -> Match:
         nodes=list(st.memo[_NODES]),
         outputs=list(st.memo[_OUTS]),
         dropped=list(st.memo[_DROPPED]),
+        chains=list(st.chains),
+        seen_through=list(st.memo[_SOFT]),
     )
 
 

@@ -17,13 +17,19 @@ Building blocks:
   ``kwargs``. Arguments are sub-patterns or literals (a literal must be equal). For ATen ops
   the arguments are compared by the op's schema: keyword or positional spelling does not
   matter, and arguments the pattern leaves out must have their default value (write ``...``
-  as the last positional argument to leave them free).
+  as the last positional argument to leave them free). An op stands for all its spellings:
+  ``aten.add.Tensor`` and ExecuTorch's ``exir_ops.edge.aten.add.Tensor`` match each other's
+  nodes, and ``aten._to_copy``/``aten.clone`` match Edge's dim-order copies.
 * ``P.var(name, dtype=, rank=, shape=, where=)`` matches any value (a node or a literal) and
   binds it; the same name used twice must bind the same value. Constraints read the node's
   ``meta['val']``.
 * ``P.const(name, type, where=)`` matches any literal (not a node): a wildcard for ``eps``.
 * ``P.any_of(a, b)`` or ``a | b``: alternatives, tried in order (with backtracking).
 * ``P.cast(x, dtype, optional=)``, ``P.maybe(op, x)``: optional wrappers.
+* ``P.through(x, views=, casts=)``: ``x``, possibly behind views/reshapes that keep the last
+  dimension and no-op casts (any dialect); a replacement that commutes with them is given
+  back the shapes the replaced nodes had.
+* ``P.scalar(name)``: a number, literal or lifted into a one-element constant tensor.
 * ``.named(name)`` binds the matched node; ``.check(dtype=, rank=, shape=, where=)`` adds
   constraints on it; ``.commute(False)`` turns off operand swapping (on by default for
   ``add``/``mul`` and other symmetric ops).
@@ -42,10 +48,12 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from ..fxutil.dialect import aten_op, is_edge_op
+from ..fxutil.views import keeps_rows
 from ._location import caller_location
 from ._state import MISSING, MatchState
 
-__all__ = ["CAST_OPS", "P", "Pattern"]
+__all__ = ["CAST_OPS", "P", "Pattern", "Scalar", "Through"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -522,6 +530,144 @@ class AnyOf(Pattern):
         return "(" + " | ".join(map(repr, self.options)) + ")"
 
 
+# ----- seeing through ops that keep the values ----------------------------------------------
+_MAX_CHAIN = 16  # a longer run of views between two ops is no spelling anyone writes
+
+
+class Through(Pattern):
+    """``inner`` at the value, or at the value behind a chain of ops that leave each of its
+    rows (its values along the last dimension) as they are: shape-only ops that keep the
+    last dimension (``views``) and casts to the dtype a value already has (``casts``).
+
+    The chain's nodes are not part of the match: they stay in the graph (reading whatever
+    replaces what they read) and go when nothing uses them any more. A chain that starts at
+    an inner node of the match must be used only inside it, like any inner node. When a
+    replacement's value has the shape of the chain's input where the replaced node had the
+    shape of its output, the rewriter replays the chain on it (see :meth:`P.through`).
+    """
+
+    __slots__ = ("casts", "inner", "views")
+
+    def __init__(self, inner: Any, *, views: bool, casts: bool, location=None) -> None:
+        super().__init__(None, location)
+        self.inner = _as_pattern(inner)
+        self.views = views
+        self.casts = casts
+
+    def children(self):
+        return [self.inner]
+
+    def step(self, v: Any) -> Node | None:
+        """The input of ``v`` when ``v`` is an op this pattern sees through, else None."""
+        if v.__class__ is not Node or v.op not in ("call_function", "call_method"):
+            return None
+        src = v.args[0] if v.args else None
+        if src.__class__ is not Node:
+            return None
+        if self.casts and _is_noop_cast(v):
+            return src
+        if self.views and keeps_rows(v):
+            return src
+        return None
+
+    def _m(self, v, st, k):
+        if self._shared:
+            hit = self._memo_hit(v, st, k)
+            if hit is not None:
+                return hit
+        then = k if self.name is None and not self._shared else lambda: self._bind(v, st, k)
+        inner = self.inner
+        chain: list[Node] = []
+        cur = v
+        while True:
+            if not chain:
+                if inner._m(cur, st, then):
+                    return True
+            else:
+                st.chains.append(tuple(reversed(chain)))  # innermost first
+                if inner._m(cur, st, then):
+                    return True
+                st.chains.pop()
+            nxt = self.step(cur)
+            if nxt is None or len(chain) >= _MAX_CHAIN:
+                return False
+            chain.append(cur)
+            cur = nxt
+
+    def __repr__(self) -> str:
+        what = "+".join(w for w, on in (("views", self.views), ("casts", self.casts)) if on)
+        text = f"through[{what}]({self.inner!r})"
+        return f"{text}.named({self.name!r})" if self.name else text
+
+
+def _is_noop_cast(node: Node) -> bool:
+    """A cast (any spelling) whose result has its input's dtype, shape and device."""
+    if node.op == "call_function":
+        t = node.target
+        if t not in CAST_OPS and aten_op(t) not in CAST_OPS:
+            return False
+    elif node.target not in CAST_OPS:
+        return False
+    out, src = value_of(node), value_of(node.args[0])
+    if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return False
+    return out.dtype == src.dtype and out.shape == src.shape and out.device == src.device
+
+
+class Scalar(Pattern):
+    """A number: a literal, or a one-element constant tensor standing for one (ExecuTorch's
+    Edge programs lift ``x + 1e-6`` into ``x + _lifted_tensor_constant``). Binds the number."""
+
+    __slots__ = ("types",)
+
+    def __init__(self, name=None, types=None, *, location=None) -> None:
+        super().__init__(name, location)
+        if isinstance(types, type):
+            types = (types,)
+        self.types = tuple(types) if types else (int, float)
+
+    def _m(self, v, st, k):
+        number = _constant_number(v) if v.__class__ is Node else v
+        types = self.types
+        ok = isinstance(number, types) and not (
+            type(number) is bool and bool not in types and int in types
+        )
+        if not ok:
+            if st.explain:
+                want = "/".join(t.__name__ for t in types)
+                msg = f"expected a {want} (a literal or a one-element constant), got {_show(v)}"
+                return st.miss(lambda: msg, v)
+            return False
+        if self._shared:
+            hit = self._memo_hit(number, st, k)
+            if hit is not None:
+                return hit
+        return self._bind(number, st, k)
+
+    def __repr__(self) -> str:
+        return f"scalar({self.name or ''})"
+
+
+def _constant_number(node: Node) -> Any:
+    """The number a lifted one-element constant (placeholder or attribute) holds, else None.
+
+    Export keeps the value of constants it lifts on their fake tensors (``.constant``);
+    a value nobody writes in place is the same number every run."""
+    if node.op not in ("placeholder", "get_attr"):
+        return None
+    val = value_of(node)
+    const = getattr(val, "constant", None)
+    if not isinstance(const, torch.Tensor) or const.numel() != 1:
+        return None
+    for user in node.users:
+        target = aten_op(user.target)
+        if isinstance(target, _OpOverload) and any(
+            a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments
+        ):
+            return None  # written in place: not a constant
+    return const.item()
+
+
 # ----- op patterns ------------------------------------------------------------------------
 class _Resolved:
     """An op pattern's arguments resolved against one target's schema.
@@ -636,7 +782,11 @@ def _quick(r: _Resolved, vals: list) -> bool:
             if id(t) not in keys and not (
                 packets and id(getattr(t, "overloadpacket", None)) in keys
             ):
-                return False
+                a = aten_op(t)  # an Edge spelling?
+                if a is t or not (
+                    id(a) in keys or (packets and id(getattr(a, "overloadpacket", None)) in keys)
+                ):
+                    return False
         elif (op[5:], x.target) not in keys:
             return False
     return True
@@ -681,6 +831,7 @@ class P(Pattern):
         "label",
         "methods",
         "modules",
+        "one_spelling",
         "packets",
     )
 
@@ -689,6 +840,8 @@ class P(Pattern):
         ops = op if isinstance(op, (set, frozenset, list, tuple)) else [op]
         fns, packets, methods, modules = set(), set(), set(), set()
         for o in ops:
+            if is_edge_op(o):  # an Edge op is its ATen op: the pattern matches both spellings
+                o = aten_op(o)
             if isinstance(o, str):
                 methods.add(o)
             elif isinstance(o, _OpOverloadPacket):
@@ -724,6 +877,7 @@ class P(Pattern):
         )
         self.constraint: Constraint | None = None
         self.label: str | None = None  # a short name for the op set in messages
+        self.one_spelling = False  # True: only these targets, not their Edge spellings
         self._cache: dict[int, _Resolved] = {}
         self._keep: list[Any] = []
         for f in fns:
@@ -787,9 +941,10 @@ class P(Pattern):
         ``op`` itself (an op packet matches only nodes calling the packet, not its
         overloads) and the operands are in the given order (no commutative swap)."""
         p = P(op, *args, **kwargs)
-        if isinstance(op, _OpOverloadPacket):
+        if isinstance(op, _OpOverloadPacket) or is_edge_op(op):
             p.fns, p.fn_ids, p.packets = frozenset([op]), frozenset([id(op)]), frozenset()
         p.commutative = False
+        p.one_spelling = True
         p.location = caller_location()
         return p
 
@@ -806,6 +961,31 @@ class P(Pattern):
         if not optional:
             return c
         return AnyOf([c, x], location=loc)
+
+    @staticmethod
+    def through(x: Any, *, views: bool = True, casts: bool = True) -> Through:
+        """``x``, possibly behind ops that leave each row of it (its values along the last
+        dimension) as it is: with ``views``, shape-only ops that keep the last dimension
+        (view, reshape, flatten, squeeze/unsqueeze, expand, permute/transpose or
+        slice/select of the other dimensions, alias, clone, contiguous — ATen, Edge
+        ``*_copy``, dim-order and method spellings); with ``casts``, casts to the dtype the
+        value already has (``aten.to``, ``_to_copy``, ``_to_dim_order_copy``, ``.float()``...).
+
+        Use it where the rule's replacement commutes with those ops — a row-wise op (a norm
+        or softmax over the last dimension) or an element-wise one — so that the
+        replacement can compute on the chain's input: when a replacement's value has the
+        chain input's shape where the replaced node had the chain output's, the rewriter
+        applies the chain's ops to it again. Name it (``.named``) to bind the value at the
+        top of the chain; the names inside bind what the chain starts from.
+        """
+        return Through(x, views=views, casts=casts, location=caller_location())
+
+    @staticmethod
+    def scalar(name: str | None = None, types: Any = None) -> Scalar:
+        """A number of ``types`` (default int or float), bound to ``name``: a literal, or a
+        one-element constant tensor that a graph lifted out of one (``x + 1e-6`` is ``x +
+        _lifted_tensor_constant`` in ExecuTorch's Edge programs)."""
+        return Scalar(name, types, location=caller_location())
 
     @staticmethod
     def maybe(op: Any, x: Any, *args: Any, **kwargs: Any) -> Pattern:
@@ -883,7 +1063,18 @@ class P(Pattern):
             t = v.target
             if id(t) in self.fn_ids:
                 return True
-            return bool(self.packets) and getattr(t, "overloadpacket", None) in self.packets
+            if self.packets and getattr(t, "overloadpacket", None) in self.packets:
+                return True
+            if self.one_spelling:
+                return False
+            a = aten_op(t)  # an Edge (or dim-order) spelling of an op in the set
+            if a is t:
+                return False
+            if id(a) in self.fn_ids or getattr(a, "overloadpacket", None) in self.packets:
+                self.fn_ids = self.fn_ids | {id(t)}  # the next look-up is one set probe
+                self._keep.append(t)
+                return True
+            return False
         if op == "call_method":
             return v.target in self.methods
         if op == "call_module":
@@ -897,7 +1088,8 @@ class P(Pattern):
         if r is not None:
             return r
         r = _Resolved()
-        schema = getattr(target, "_schema", None) if isinstance(target, _OpOverload) else None
+        spelled = isinstance(target, _OpOverload) or aten_op(target) is not target
+        schema = getattr(target, "_schema", None) if spelled else None
         if schema is not None:
             self._resolve_schema(r, schema, target, eager)
         else:

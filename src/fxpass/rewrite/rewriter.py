@@ -22,10 +22,13 @@ from torch.fx.proxy import GraphAppendingTracer
 
 from ..core.context import ChangeEvent, current_context
 from ..core.errors import FxpassError
+from ..fxutil.dialect import edge_call, graph_is_edge, uses_dim_order
 from ._location import short
 from .match import Match, RuleStats
 from .metadata import MetaPropagator
 from .order import TopoOrder, _sort_key, users_before
+from .pattern import value_of
+from .rule import _droppable
 
 __all__ = ["RewriteError", "Rewriter"]
 
@@ -58,6 +61,8 @@ class _Proxy(Proxy):
         tracer = _tracer_in(args) or _tracer_in(tuple((kwargs or {}).values()))
         if isinstance(orig, _OpOverload):
             kind, target = "call_function", orig
+        elif isinstance(orig, torch._ops.OpOverloadPacket) and orig.overloads() == ["default"]:
+            kind, target = "call_function", orig.default  # what an ExportedProgram asks for
         elif torch.overrides.is_tensor_method_or_property(orig):
             kind, target = "call_method", orig.__name__
         else:
@@ -105,9 +110,10 @@ def new_node(
         if hit is None or hit[0] is not target:
             hit = _NAMES[id(target)] = (target, graph._target_to_str(target))
         name = hit[1]
-    node = graph.create_node(op, target, (), {}, name, type_expr)
+    # unwrap first: an argument may create its node on demand (torch's ``x.shape`` proxy)
     args = map_aggregate(args, _unwrap)
     kwargs = map_aggregate(kwargs, _unwrap)
+    node = graph.create_node(op, target, (), {}, name, type_expr)
     if args or kwargs:
         node._update_args_kwargs(args, kwargs)
     return node
@@ -128,6 +134,7 @@ class Rewriter:
             pass_name = path[-1] if path else "rewrite"
         self.pass_name = pass_name
         self._order: TopoOrder | None = None
+        self._dim_order: bool | None = None
         self._tracer = _Tracer(self.graph)
         self.meta = MetaPropagator()
         self.fast_erase = _fast_eraser(self.graph)  # None: use graph.erase_node
@@ -140,6 +147,12 @@ class Rewriter:
         if self._order is None:
             self._order = TopoOrder(self.graph)
         return self._order
+
+    def dim_order(self) -> bool:
+        """Whether this (Edge) graph spells casts and clones with dim-order ops."""
+        if self._dim_order is None:
+            self._dim_order = uses_dim_order(self.graph.nodes)
+        return self._dim_order
 
     # ----- applying a match ---------------------------------------------------------------
     def apply(self, match: Match, stats: RuleStats | None = None) -> bool:
@@ -162,10 +175,15 @@ class Rewriter:
             if stats is not None:
                 stats.declined += 1
             return False
-        for m in movers:  # readers of an inner output must follow the replacement
-            anchor.prepend(m)
+        if graph_is_edge(match.nodes):
+            _to_edge(new, self.dim_order())  # an Edge graph gets Edge ops
         donors = {v: o for o, v in zip(outputs, values) if v in new}
         self.meta.values(new, donors, match.root)
+        if match.chains:
+            values = self._replay(match, new, values, anchor)
+            donors = {v: o for o, v in zip(outputs, values) if v in new}
+        for m in movers:  # readers of an inner output must follow the replacement
+            anchor.prepend(m)
         self.meta.provenance(
             new,
             donors,
@@ -183,6 +201,8 @@ class Rewriter:
                     value, delete_user_cb=lambda u: u not in new_set, propagate_meta=False
                 )
         self._erase_dead([*match.dropped, *match.nodes])
+        if match.seen_through:  # their readers inside the match are gone now
+            self._erase_dead(_with_dropped_users(match.seen_through, rule.drop_users))
         unused = [n for n in new if not n.users and not n.is_impure()]
         if unused:  # e.g. a fused op's second result when the old value had no other reader
             self._erase_dead(unused)
@@ -230,6 +250,39 @@ class Rewriter:
         if values is None:
             self._undo(new)
         return new, values
+
+    def _replay(self, match: Match, new: list[Node], values: list[Node], anchor: Node):
+        """Give each output back the shape the replaced node had: where a value has the
+        shape of a chain's input and its output the shape of the chain's output (the match
+        saw through the chain with P.through), apply the chain's ops to the value again.
+        New nodes are appended to ``new``; returns the values to use."""
+        out = list(values)
+        for i, (old, value) in enumerate(zip(match.outputs, values)):
+            want, have = _shape(old), _shape(value)
+            if want is None or have is None or want == have:
+                continue
+            chain = next(
+                (c for c in match.chains if _shape(c[0].args[0]) == have and _shape(c[-1]) == want),
+                None,
+            )
+            if chain is None:
+                self._undo(new)
+                raise RewriteError(
+                    match.rule,
+                    f"the replacement's value for %{old.name} has shape {list(have)}, the "
+                    f"replaced node {list(want)}, and no view the match saw through maps one "
+                    "to the other",
+                )
+            made = []
+            cur = value
+            with self.graph.inserting_before(anchor):
+                for c in chain:
+                    cur = new_node(self.graph, c.op, c.target, (cur, *c.args[1:]), dict(c.kwargs))
+                    made.append(cur)
+            self.meta.values(made, {cur: old}, match.root)
+            new.extend(made)
+            out[i] = cur
+        return out
 
     def _values(self, match: Match, result: Any) -> list[Node]:
         rule = match.rule
@@ -333,6 +386,37 @@ def _wrap(v: Any, tracer: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return map_aggregate(v, lambda x: _Proxy(x, tracer) if isinstance(x, Node) else x)
     return v
+
+
+def _with_dropped_users(nodes: list[Node], drop: frozenset) -> list[Node]:
+    """``nodes`` and, for each used only by droppable checks (export's asserts), those."""
+    out = list(nodes)
+    for n in nodes:
+        users = list(n.users)
+        if users and all(u.op == "call_function" and _droppable(u, drop) for u in users):
+            out.extend(users)
+    return out
+
+
+def _shape(node: Node) -> Any:
+    val = value_of(node)
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _to_edge(nodes: Iterable[Node], dim_order: bool) -> None:
+    """Call the Edge spelling of each op among ``nodes``: ATen ops become Edge ops (casts and
+    clones ExecuTorch's dim-order ops where the graph uses them), and a fused op wears the
+    Edge wrapper of the same ``torch.ops.fxpass`` op (ExecuTorch's Edge verifier asks every
+    op to be an Edge op)."""
+    for n in nodes:
+        if n.op == "call_function" and isinstance(n.target, _OpOverload):
+            try:
+                target, _, kwargs = edge_call(n.target, n.args, n.kwargs, dim_order=dim_order)
+            except AttributeError:  # no Edge spelling: leave it, ExecuTorch's verifier says so
+                continue
+            n.target = target
+            if kwargs is not n.kwargs:
+                n.kwargs = kwargs
 
 
 def _between(before: Node, anchor: Node) -> list[Node]:

@@ -29,6 +29,7 @@ from torch import fx
 from torch.fx import Node
 
 from ..core.contract import Pass, PassResult
+from ..fxutil.dialect import aten_op
 from ._location import caller_location, short
 from ._state import MISSING, MatchState
 from .order import find_cycle
@@ -214,6 +215,7 @@ class Rule:
         for name in self.outputs:
             outs.append(env[name])
         matched = dict.fromkeys(st.nodes)
+        soft = _seen_through(st.chains, matched, outs) if st.chains else ()
         for o in outs:
             if o not in matched:
                 if st.explain:
@@ -243,7 +245,7 @@ class Rule:
                 for u in n.users:
                     if u in matched:
                         continue
-                    if drop and u.op == "call_function" and u.target in drop and not u.users:
+                    if drop and u.op == "call_function" and _droppable(u, drop):
                         dropped.append(u)
                         continue
                     if st.explain:
@@ -261,7 +263,7 @@ class Rule:
             if order is not None:
                 # every matched node feeds a root, so the last root is the region's end
                 hi = max(order[r] for r in roots) if len(roots) > 1 else order[roots[0]]
-                via = find_cycle(order, set(matched), hi)
+                via = find_cycle(order, set(matched).union(soft), hi)
                 if via is not None:
                     if st.explain:
                         return st.miss(
@@ -276,6 +278,7 @@ class Rule:
         st.memo[_OUTS] = outs
         st.memo[_DROPPED] = dropped
         st.memo[_NODES] = matched
+        st.memo[_SOFT] = soft
         return True
 
     # ----- replacing --------------------------------------------------------------------
@@ -291,6 +294,28 @@ _UNCOMPILED = object()
 _OUTS = -1  # memo slots for the final step's results (ids of objects are never negative)
 _DROPPED = -2
 _NODES = -3  # the matched nodes, each once, in matching order
+_SOFT = -4  # nodes seen through that stay in the graph (see _seen_through)
+
+
+def _droppable(node: Node, drop: frozenset) -> bool:
+    """An unused check (export's assert) of an op in ``drop``, in any spelling."""
+    return not node.users and (node.target in drop or aten_op(node.target) in drop)
+
+
+def _seen_through(chains: list, matched: dict, outs: list) -> list[Node]:
+    """Sort the nodes P.through saw through: a chain starting at an inner node of the match
+    joins the match (``matched``, in place: it must be used only inside it, and goes with
+    it); the others stay in the graph, reading what replaces their input. Returns those."""
+    soft: list[Node] = []
+    out_set = set(outs)
+    for chain in chains:
+        start = chain[0].args[0]
+        if start in matched and start not in out_set:
+            for n in chain:
+                matched.setdefault(n, None)
+        else:
+            soft.extend(n for n in chain if n not in matched)
+    return soft
 
 
 def _default_name(replacement: Any, location: str) -> str:

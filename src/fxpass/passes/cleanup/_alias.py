@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...fxutil.dialect import aten_op
+
 __all__ = ["AliasInfo", "aliased_args", "lay_out_args", "node_val", "op_schema", "written_args"]
 
 # names of Python-level tensor methods / torch functions whose result may share memory with
@@ -107,8 +109,8 @@ def node_val(node: Any) -> Any:
 
 
 def op_schema(node: fx.Node) -> torch.FunctionSchema | None:
-    """The schema of an ``OpOverload`` call, else None."""
-    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+    """The schema of an ``OpOverload`` call (an Edge op's too), else None."""
+    if node.op == "call_function" and isinstance(aten_op(node.target), torch._ops.OpOverload):
         return node.target._schema
     return None
 
@@ -186,7 +188,7 @@ def _hop_name(node: fx.Node) -> str | None:
 def written_args(node: fx.Node) -> list[fx.Node]:
     """The nodes whose memory ``node`` writes (in-place ops, ``out=``, ``copy_``, setitem)."""
     if op_schema(node) is not None:
-        return _slot_nodes(node, _write_slots(node.target))
+        return _slot_nodes(node, _write_slots(aten_op(node.target)))
     if node.op not in ("call_function", "call_method", "call_module") or _hop_name(node):
         return []
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
@@ -209,7 +211,7 @@ def written_args(node: fx.Node) -> list[fx.Node]:
 def aliased_args(node: fx.Node) -> list[fx.Node]:
     """The input nodes whose memory ``node``'s result may share (views, in-place results)."""
     if op_schema(node) is not None:
-        return _slot_nodes(node, _alias_slots(node.target))
+        return _slot_nodes(node, _alias_slots(aten_op(node.target)))
     if node.op == "call_function" and node.target is operator.getitem:
         return _nodes_in(node.args[0])
     hop = _hop_name(node)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...fxutil.dialect import aten_op
 from ._alias import AliasInfo, node_val
 
 __all__ = [
@@ -42,7 +43,7 @@ def view_is_replaceable(node: fx.Node, src: fx.Node) -> bool:
     if not same_layout(node_val(node), node_val(src)) or input_becomes_output(node, src):
         return False
     for user in node.users:
-        target = user.target
+        target = aten_op(user.target)
         if isinstance(target, torch._ops.OpOverload) and torch.Tag.inplace_view in target.tags:
             return False
     return True

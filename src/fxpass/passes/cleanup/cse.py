@@ -11,6 +11,7 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
 from ._alias import AliasInfo, written_args
 from ._edit import allow, replace_all_uses
 
@@ -78,7 +79,7 @@ def _candidate(node: fx.Node) -> bool:
     """Pure, deterministic, and not something whose identity matters."""
     if node.op == "get_attr":
         return True
-    target = node.target
+    target = aten_op(node.target)  # Edge ops are ATen ops under another name
     if isinstance(target, torch._ops.OpOverload):
         if torch.Tag.nondeterministic_seeded in target.tags:
             return False  # two draws from a generator are two different values

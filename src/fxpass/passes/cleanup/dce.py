@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 from torch import fx
+from torch._higher_order_ops.effects import _get_effect
 from torch.fx.node import _side_effectful_functions
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
 from ._alias import AliasInfo, written_args
 from ._edit import allow, erase
 
@@ -26,17 +28,21 @@ def has_effect(node: fx.Node, *, keep_rng: bool = True) -> bool:
         return True
     if written_args(node):
         return True
+    target = aten_op(node.target) if node.op == "call_function" else None
+    if target is not node.target and isinstance(target, torch._ops.OpOverload):
+        if keep_rng and torch.Tag.nondeterministic_seeded in target.tags:
+            return True  # an Edge op: torch's check below knows only OpOverloads
+        if _get_effect(target) is not None:
+            return True
     return node.is_impure(impure_random=keep_rng)
 
 
 def _only_writes(node: fx.Node, keep_rng: bool) -> bool:
     """Is writing memory the node's only effect (no side effect, no random draw)?"""
-    target = node.target
+    target = aten_op(node.target)
     if node.op == "call_module" or target in _side_effectful_functions:
         return False
     if isinstance(target, torch._ops.OpOverload):
-        from torch._higher_order_ops.effects import _get_effect
-
         random = torch.Tag.nondeterministic_seeded in target.tags
         return _get_effect(target) is None and not (random and keep_rng)
     return node.op == "call_method" or callable(target)

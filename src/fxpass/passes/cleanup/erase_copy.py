@@ -7,6 +7,7 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
 from ._alias import AliasInfo, aliased_args, node_val
 from ._copies import copy_is_unobservable, same_layout, view_is_replaceable
 from ._edit import allow, erase, notify, replace_all_uses
@@ -18,7 +19,7 @@ aten = torch.ops.aten
 
 def _copy_into(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     """``(dst, src)`` of an in-place copy ``dst.copy_(src)``, else None."""
-    is_copy_ = node.target is aten.copy_.default or (
+    is_copy_ = aten_op(node.target) is aten.copy_.default or (
         node.op == "call_method" and node.target == "copy_"
     )
     if node.op in ("call_function", "call_method") and is_copy_ and len(node.args) >= 2:
@@ -91,7 +92,7 @@ def erase_copy(gm: fx.GraphModule) -> bool:
             info = info or AliasInfo(gm.graph)
             if _erase_in_place(node, *into, info):
                 changed, info = True, None
-        elif node.target is aten.copy.default and isinstance(node.args[1], fx.Node):
+        elif aten_op(node.target) is aten.copy.default and isinstance(node.args[1], fx.Node):
             info = info or AliasInfo(gm.graph)
             src = node.args[1]
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)

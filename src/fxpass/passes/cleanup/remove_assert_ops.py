@@ -8,6 +8,7 @@ from torch.fx import Node
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
 from ...rewrite.rewriter import Rewriter
 from ...rewrite.rule import DROPPABLE_USERS
 
@@ -64,7 +65,7 @@ def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
     rw = Rewriter(gm, "remove_assert_ops")
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in targets or node.users:
+        if node.op != "call_function" or aten_op(node.target) not in targets or node.users:
             continue
         inputs = node.all_input_nodes
         if not rw.erase(node, "remove_assert_ops"):

@@ -7,6 +7,7 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
 from ._copies import input_becomes_output
 from ._edit import allow, replace_all_uses
 
@@ -21,7 +22,7 @@ def _is_detach(node: fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in ("detach", "detach_")
     return node.op == "call_function" and (
-        node.target in _DETACH_OPS or node.target in _DETACH_FUNCTIONS
+        aten_op(node.target) in _DETACH_OPS or node.target in _DETACH_FUNCTIONS
     )
 
 

@@ -7,9 +7,11 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
-from ._alias import AliasInfo
-from ._copies import copy_is_unobservable, input_becomes_output, view_is_replaceable
-from ._edit import allow, replace_all_uses
+from ...fxutil.dialect import aten_op
+from ...fxutil.views import view_variant
+from ._alias import AliasInfo, node_val
+from ._copies import copy_is_unobservable, input_becomes_output, same_layout, view_is_replaceable
+from ._edit import allow, fake_value, replace_all_uses
 
 __all__ = ["remove_noop"]
 
@@ -46,7 +48,7 @@ _DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.
 
 
 def _packet(node: fx.Node):
-    return getattr(node.target, "overloadpacket", None)
+    return getattr(aten_op(node.target), "overloadpacket", None)
 
 
 def _py_name(node: fx.Node) -> str:
@@ -64,7 +66,8 @@ def _dropout_off(node: fx.Node) -> bool:
         return isinstance(mod, _DROPOUTS) and (not mod.training or mod.p == 0)
     if node.op != "call_function":
         return False
-    if node.target in (aten.dropout.default, torch.dropout, torch._C._VariableFunctions.dropout):
+    dropouts = (aten.dropout.default, torch.dropout, torch._C._VariableFunctions.dropout)
+    if node.target in dropouts or aten_op(node.target) is aten.dropout.default:
         train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
         return train is False
     if node.target is torch.nn.functional.dropout:
@@ -75,7 +78,7 @@ def _dropout_off(node: fx.Node) -> bool:
 
 def _kind(node: fx.Node) -> str | None:
     """ "dropout" (returns its input itself), "view" (shares memory with its input), "copy"
-    (a fresh copy) or None."""
+    (a fresh copy), "view_copy" (a fresh copy of a view) or None."""
     if _dropout_off(node):
         return "dropout"
     packet = _packet(node)
@@ -83,12 +86,23 @@ def _kind(node: fx.Node) -> str | None:
         return "view" if not node.kwargs.get("copy", False) else "copy"
     if packet in _ATEN_COPIES:
         return "copy"
+    view = view_variant(node.target) if packet is not None else None
+    if view is not None and view.overloadpacket in _ATEN_VIEWS:
+        return "view_copy"  # view_copy, permute_copy...: functional (Edge) graphs' views
     name = _py_name(node)
     if name in _PY_VIEWS and not node.kwargs.get("copy", False):
         return "view"
     if name in _PY_COPIES:
         return "copy"
     return None
+
+
+def _view_is_noop(node: fx.Node, src: fx.Node) -> bool:
+    """Would the view a ``*_copy`` op copies (``permute`` for ``permute_copy``) return its
+    input's exact layout? A contiguous copy of a transpose has its input's shape and
+    strides too, and other values: only the view tells."""
+    view = fake_value(view_variant(node.target), node.args, node.kwargs)
+    return same_layout(view, node_val(src))
 
 
 @_builtin("remove_noop")
@@ -104,6 +118,10 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
       dropout in export and AOT graphs) and nothing can observe that it was one: it is never
       mutated, its source is not mutated while it is read, and it does not hand the
       caller's memory back as an output. ``copies=False`` keeps every copy.
+
+    In functional graphs (ExecuTorch's Edge dialect) a ``*_copy`` of a view
+    (``view_copy``, ``permute_copy``...) or a dim-order cast or clone goes when the view it
+    copies would be a no-op and nothing can tell the copy from its source.
 
     Inputs never become direct outputs (backends reject that). Train-mode dropout and
     conversions that change dtype, device or memory layout stay.
@@ -121,8 +139,8 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
         if kind is None or not node.args or not isinstance(node.args[0], fx.Node):
             continue
         src = node.args[0]
-        if kind == "copy":
-            if not copies:
+        if kind in ("copy", "view_copy"):
+            if not copies or (kind == "view_copy" and not _view_is_noop(node, src)):
                 continue
             info = info or AliasInfo(gm.graph)
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
@@ -132,8 +150,11 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
             ok = view_is_replaceable(node, src)
         if ok and allow():
             replace_all_uses(node, src, "remove_noop")
-            stat("copies_removed" if kind == "copy" else "views_removed")
-            if kind == "copy":  # readers of the copy now alias its source: rebuild the facts
+            stat("views_removed" if kind in ("view", "dropout") else "copies_removed")
+            if kind in (
+                "copy",
+                "view_copy",
+            ):  # readers of the copy now alias its source: rebuild the facts
                 info = None
             changed = True
     return changed

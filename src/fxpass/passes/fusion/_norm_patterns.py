@@ -7,8 +7,13 @@ per-head q/k norms of Qwen3 and Gemma3) in core ATen, training-IR, AOT and Dynam
     h = cast_float32?(x)        w_term = cast?(w) | cast?(w) + offset        (Gemma: 1 + w)
 
 with ``h * h`` for ``h ** 2``, ``h / sqrt(...)`` for ``h * rsqrt(...)``, either operand order
-of every ``*`` and ``+``, and each op in its ATen, torch-level and method spelling. What the
-pattern cannot say, :func:`norm_ok` checks on the fake values: the mean is over the last
+of every ``*`` and ``+``, and each op in its ATen, Edge, torch-level and method spelling;
+T5's ``x * rsqrt(mean(x.float() ** 2) + eps)`` (the upcast squared, ``x`` itself multiplied
+— promoted to float32 by the product, so the same numbers); ``x`` seen through views that
+keep the last dimension and through no-op casts (:meth:`~fxpass.rewrite.P.through`: export
+graphs put ``x.to(torch.float32)`` on float32 values, and Hugging Face models reshape between
+the residual add and the norm); ``eps`` a literal or a lifted constant (Edge programs). What
+the pattern cannot say, :func:`norm_ok` checks on the fake values: the mean is over the last
 dimension, the weight is 1-D with that many elements, and the result has ``x``'s dtype (so
 a look-alike — another reduced dimension, no ``eps``, a 2-D weight — is left alone).
 """
@@ -50,16 +55,31 @@ def _mean(p: Pattern, dim: Pattern) -> Pattern:
     )
 
 
-def normalized(x: Pattern) -> Pattern:
-    """``h * rsqrt(mean(h**2, -1, keepdim=True) + eps)`` with ``h = x`` or ``x.float()``.
+def _scaled(h: Pattern, var: Pattern) -> list[Pattern]:
+    """``h * rsqrt(var + eps)`` and ``h / sqrt(var + eps)``."""
+    shifted = P(ADD, var, P.scalar("eps", NUMBER))
+    return [P(MUL, h, P(RSQRT, shifted)), P(DIV, h, P(SQRT, shifted))]
 
-    Binds ``x``'s pattern, ``eps`` and ``dim`` (checked by :func:`norm_ok`).
-    """
-    h = P.cast(x, torch.float32, optional=True)
+
+def _variance(h: Pattern) -> Pattern:
     square = P.any_of(P(POW, h, 2), P(MUL, h, h))
-    var = P.any_of(*(_mean(square, P.const("dim")).options))
-    shifted = P(ADD, var, P.const("eps", NUMBER))
-    return P.any_of(P(MUL, h, P(RSQRT, shifted)), P(DIV, h, P(SQRT, shifted)))
+    return P.any_of(*(_mean(square, P.const("dim")).options))
+
+
+def normalized(x: Pattern) -> Pattern:
+    """``h * rsqrt(mean(h**2, -1, keepdim=True) + eps)`` with ``h = x`` or ``x.float()``, or
+    T5's ``x * rsqrt(mean(x.float()**2, ...) + eps)``; ``x`` possibly behind views that keep
+    the last dimension and no-op casts.
+
+    Binds ``x``'s pattern, ``norm_in`` (the value the norm reads, ``x`` behind its views),
+    ``eps``, ``dim``, ``upcast`` and, for T5's spelling, ``promoted`` (checked by
+    :func:`norm_ok`).
+    """
+    xs = P.through(x).named("norm_in")
+    up = P.cast(xs, torch.float32).named("upcast")
+    var_up = _variance(up)
+    t5 = [p.named("promoted") for p in _scaled(xs, var_up)]
+    return P.any_of(*_scaled(up, var_up), *_scaled(xs, _variance(xs)), *t5)
 
 
 def _maybe_cast(p: Pattern, name: str) -> Pattern:
@@ -72,12 +92,13 @@ def rms_norm(x: Pattern, *, fused: bool = False) -> Pattern:
     ``offset`` (Gemma's 1), ``dim``, and the casts ``mid_cast``/``out_cast``; the root is
     named ``out``. Check a match with :func:`norm_ok`."""
     w = P.cast(P.node("w"), optional=True)
-    w_term = P.any_of(P(ADD, w, P.const("offset", NUMBER)), w)
+    w_term = P.any_of(P(ADD, w, P.scalar("offset", NUMBER)), w)
     core = P(MUL, w_term, _maybe_cast(normalized(x), "mid_cast"))
     spelled = P.any_of(P.cast(core).named("out_cast"), core)
     if not fused:
         return P.any_of(spelled, name="out")
-    op = P(fxpass_ops.rms_norm.default, x, P.node("w"), P.const("eps"), P.const("offset"))
+    fused_in = P.through(x).named("norm_in")
+    op = P(fxpass_ops.rms_norm.default, fused_in, P.node("w"), P.const("eps"), P.const("offset"))
     return P.any_of(op, spelled, name="out")
 
 
@@ -94,18 +115,25 @@ def _tensor(v: Any) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
+_PROMOTED = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def norm_ok(b: dict[str, Any]) -> bool:
-    """The matched computation (bindings ``b``) is exactly an RMSNorm of ``x`` over its last
-    dimension whose result ``out`` has ``x``'s dtype (what ``fxpass::rms_norm`` computes)."""
+    """The matched computation (bindings ``b``) is exactly an RMSNorm over the last
+    dimension of ``norm_in`` (``x`` behind views that keep its rows) whose result ``out``
+    has ``x``'s dtype (what ``fxpass::rms_norm`` computes)."""
     xv, wv, ov = _tensor(b["x"]), _tensor(b["w"]), _tensor(b["out"])
-    if xv is None or wv is None or ov is None or not xv.is_floating_point():
+    hv = _tensor(b.get("norm_in", b["x"]))
+    if xv is None or wv is None or ov is None or hv is None or not xv.is_floating_point():
         return False
-    if "dim" in b and not _last_dim(b["dim"], xv.dim()):
+    if "dim" in b and not _last_dim(b["dim"], hv.dim()):
         return False
-    if xv.dim() < 1 or wv.dim() != 1 or wv.shape[0] != xv.shape[-1]:
+    if hv.dim() < 1 or wv.dim() != 1 or wv.shape[0] != hv.shape[-1]:
         return False
-    if ov.dtype != xv.dtype or tuple(ov.shape) != tuple(xv.shape):
+    if ov.dtype != xv.dtype or tuple(ov.shape) != tuple(hv.shape):
         return False
+    if "promoted" in b and (xv.dtype not in _PROMOTED or "upcast" not in b):
+        return False  # T5's product promotes x to float32 exactly only from these
     eps = b.get("eps")
     if not isinstance(eps, NUMBER) or isinstance(eps, bool) or eps < 0:
         return False

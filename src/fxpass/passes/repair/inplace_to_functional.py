@@ -9,8 +9,9 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
 from ..cleanup._alias import AliasInfo, node_val, written_args
-from ..cleanup._edit import allow, fake_value, new_node_meta, notify
+from ..cleanup._edit import Spelling, allow, fake_value, new_node_meta, notify
 
 __all__ = ["inplace_to_functional"]
 
@@ -42,8 +43,9 @@ def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | N
 def _functional_call(node: fx.Node) -> tuple[str, Any, tuple, dict] | None:
     """``(op, target, args, kwargs)`` of the functional twin of an in-place call."""
     args, kwargs = node.args, dict(node.kwargs)
-    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-        target = _functional_overload(node.target)
+    base = aten_op(node.target)  # an Edge op is its ATen op under another name
+    if node.op == "call_function" and isinstance(base, torch._ops.OpOverload):
+        target = _functional_overload(base)
         return ("call_function", target, args, kwargs) if target is not None else None
     if node.op == "call_method":
         name = str(node.target)
@@ -83,6 +85,8 @@ def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) ->
     if (val.shape, val.dtype, val.device) != (old.shape, old.dtype, old.device):
         return False  # type promotion or broadcasting: the functional op differs
     graph = node.graph
+    if op == "call_function" and aten_op(node.target) is not node.target:
+        target, args, kwargs = Spelling(graph)(target, args, kwargs)
     with graph.inserting_before(node):
         new = graph.create_node(op, target, args, kwargs)
     new.meta["val" if "val" in self_node.meta else "example_value"] = val

@@ -12,7 +12,7 @@ from ...core.context import stat
 from ...core.contract import PassResult
 from ...core.registry import _builtin
 from ..cleanup._alias import node_val
-from ..cleanup._edit import allow, fake_value, new_node_meta, notify
+from ..cleanup._edit import Spelling, allow, fake_value, new_node_meta, notify
 
 __all__ = ["repair_input_as_output"]
 
@@ -51,6 +51,7 @@ def repair_input_as_output(
     inputs = list(sample_inputs or [])
     changed = False
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    spell = Spelling(gm.graph)  # an Edge graph gets an Edge clone
     for index, node in enumerate(placeholders):
         outputs = [u for u in node.users if u.op == "output"]
         if not outputs:
@@ -58,9 +59,10 @@ def repair_input_as_output(
         tensor = _is_tensor(node, index, inputs)
         if not (tensor or (tensor is None and assume_tensors)) or not allow():
             continue
+        target, args, kwargs = spell(torch.ops.aten.clone.default, (node,))
         with gm.graph.inserting_after(placeholders[-1]):
-            clone = gm.graph.call_function(torch.ops.aten.clone.default, (node,))
-        val = fake_value(torch.ops.aten.clone.default, (node,), {})
+            clone = gm.graph.call_function(target, args, kwargs)
+        val = fake_value(target, args, kwargs)
         if val is not None:
             clone.meta["val"] = val
         new_node_meta(clone, [node], "input_as_output", "repair_input_as_output")

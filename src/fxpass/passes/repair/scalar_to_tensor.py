@@ -10,8 +10,9 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...fxutil.dialect import aten_op
 from ..cleanup._alias import lay_out_args, node_val
-from ..cleanup._edit import allow, fake_value, new_node_meta, notify
+from ..cleanup._edit import Spelling, allow, fake_value, new_node_meta, notify
 
 __all__ = ["scalar_to_tensor"]
 
@@ -79,7 +80,12 @@ def _numbers(target: torch._ops.OpOverload, args: list, kwargs: dict) -> list[st
 
 
 def _convert(
-    node: fx.Node, target: torch._ops.OpOverload, args: list, kwargs: dict, names: list[str]
+    node: fx.Node,
+    target: torch._ops.OpOverload,
+    args: list,
+    kwargs: dict,
+    names: list[str],
+    spell: Spelling,
 ) -> bool:
     """Call ``target`` with ``args`` / ``kwargs`` (laid out for it, changed in place here),
     numbers ``names`` made 0-d tensors, unless that changes the result's shape or dtype."""
@@ -94,11 +100,10 @@ def _convert(
     for name in names:
         i = positions[name]
         value = args[i] if i < len(args) else kwargs[name]
+        made_kwargs = {"dtype": _scalar_dtype(like, value), "device": like.device}
         with node.graph.inserting_before(node):
             scalar = node.graph.call_function(
-                torch.ops.aten.scalar_tensor.default,
-                (value,),
-                {"dtype": _scalar_dtype(like, value), "device": like.device},
+                *spell(torch.ops.aten.scalar_tensor.default, (value,), made_kwargs)
             )
         scalar.meta["val"] = fake_value(scalar.target, scalar.args, scalar.kwargs, like=like)
         made.append(scalar)
@@ -112,7 +117,7 @@ def _convert(
         for scalar in made:  # promotion would change the result: undo
             node.graph.erase_node(scalar)
         return False
-    node.target, node.args, node.kwargs = target, tuple(args), kwargs
+    node.target, node.args, node.kwargs = spell(target, tuple(args), kwargs)
     for scalar in made:
         new_node_meta(scalar, [node], "scalar_to_tensor", "scalar_to_tensor")
     notify("modify", "scalar_to_tensor", [node], [*made, node])
@@ -138,15 +143,18 @@ def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bo
                                                   %mul = aten.mul.Tensor(%x, %scalar_tensor)
     """
     changed = False
+    spell = Spelling(gm.graph)  # an Edge graph keeps Edge ops
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function":
             continue
-        target = original = node.target
+        target = original = aten_op(node.target)
+        if not isinstance(target, torch._ops.OpOverload):
+            continue
         if switch_overloads:
             target = _tensor_overload(target) or target
         args, kwargs = _bind(node, original._schema, target._schema)
         names = _numbers(target, args, kwargs)
-        if names and allow() and _convert(node, target, args, kwargs, names):
+        if names and allow() and _convert(node, target, args, kwargs, names, spell):
             if target is not original:
                 stat("overloads_switched")
             changed = True

@@ -1,0 +1,166 @@
+"""View ops, their ``*_copy`` variants, and which shape-only ops keep a tensor's rows.
+
+Functionalized graphs (ExecuTorch's Edge dialect, ``run_decompositions`` with a functional
+table) spell every view as a copy: ``view_copy``, ``permute_copy``, ``expand_copy``,
+``unsqueeze_copy``... The pairs are not a hand-kept list: they are read off torch's
+registered ops (``aten::X_copy.overload`` whose ``aten::X.overload`` returns an alias of its
+input).
+
+>>> copy_variant(torch.ops.aten.view.default)
+<OpOverload(op='aten.view_copy', overload='default')>
+>>> view_variant(torch.ops.aten.permute_copy.default)
+<OpOverload(op='aten.permute', overload='default')>
+
+:func:`keeps_rows` answers the question a row-wise op (a norm or softmax over the last
+dimension) asks of a shape-only op between it and its input: does every row of the result
+(its values along the last dimension) equal a row of the input? Then the row-wise op
+commutes with it: ``norm(view(x)) == view(norm(x))``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import fx
+
+from .dialect import aten_op
+
+__all__ = ["copy_variant", "keeps_rows", "view_base_name", "view_variant"]
+
+aten = torch.ops.aten
+
+# shape-only ops by base name (ATen op name without ``_copy``, or the Python method name)
+# row-major reshapes: rows survive whenever the last dimension keeps its size
+_RESHAPES = frozenset(
+    ["view", "reshape", "_unsafe_view", "flatten", "unflatten", "view_as", "reshape_as"]
+) | frozenset(["squeeze", "unsqueeze", "_reshape_copy"])
+_IDENTITIES = frozenset(["alias", "clone", "contiguous", "detach", "lift_fresh"])
+_EXPANDS = frozenset(["expand", "expand_as"])
+_PERMUTES = frozenset(["permute"])
+_TRANSPOSES = frozenset(["transpose", "swapaxes", "swapdims"])
+_SLICES = frozenset(["slice", "narrow", "select"])  # (x, dim, ...): rows when dim is not last
+_ROW_KEEPERS = _RESHAPES | _IDENTITIES | _EXPANDS | _PERMUTES | _TRANSPOSES | _SLICES
+
+
+@functools.cache
+def _table() -> dict[Any, Any]:
+    """view op <-> copy variant, both directions, for every registered ATen pair."""
+    names = set(torch._C._dispatch_get_all_op_names())
+    pairs: dict[Any, Any] = {}
+    for name in names:
+        namespace, rest = name.split("::", 1)
+        base, _, overload = rest.partition(".")
+        if namespace != "aten" or not base.endswith("_copy"):
+            continue
+        view_name = f"aten::{base[:-5]}" + (f".{overload}" if overload else "")
+        if view_name not in names:
+            continue
+        view = getattr(getattr(aten, base[:-5]), overload or "default")
+        schema = view._schema
+        aliases = any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        )
+        if not aliases and not any(a.alias_info is not None for a in schema.arguments):
+            continue  # not a view (e.g. index vs index_copy)
+        copy = getattr(getattr(aten, base), overload or "default")
+        pairs[copy] = view
+        pairs[view] = copy
+    return pairs
+
+
+def copy_variant(op: Any) -> Any:
+    """The ``*_copy`` variant of the ATen view op ``op`` (of an Edge op: its ATen op's), or
+    None when it has none."""
+    op = aten_op(op)
+    found = _table().get(op)
+    return found if found is not None and found._schema.name.endswith("_copy") else None
+
+
+def view_variant(op: Any) -> Any:
+    """The ATen view op whose ``*_copy`` variant ``op`` is (Edge ops too), or None."""
+    op = aten_op(op)
+    found = _table().get(op)
+    return found if found is not None and not found._schema.name.endswith("_copy") else None
+
+
+def view_base_name(node: fx.Node) -> str | None:
+    """The name of the view (or value-preserving copy) ``node`` makes, whatever its
+    spelling: ``"view"`` for ``aten.view``, ``aten.view_copy``, Edge ``view_copy`` and
+    ``x.view(...)``; ``"clone"`` for ``aten.clone`` and ExecuTorch's ``_clone_dim_order``;
+    None for anything else (including ``view`` to another dtype)."""
+    if node.op == "call_method":
+        name = str(node.target)
+        return name if name in _ROW_KEEPERS else None
+    if node.op != "call_function":
+        return None
+    target = node.target
+    op = aten_op(target)
+    if isinstance(op, torch._ops.OpOverload):
+        if op._schema.name.endswith("_copy"):
+            op = view_variant(op) or op
+        name = op._schema.name
+        if not name.startswith("aten::") or op._overloadname == "dtype":
+            return None
+        name = name[6:]
+    elif getattr(target, "__module__", None) in ("torch", "torch._C._VariableFunctions"):
+        name = getattr(target, "__name__", "")
+    else:
+        return None
+    return name if name in _ROW_KEEPERS else None
+
+
+def _val(node: Any) -> Any:
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("val")
+    return node.meta.get("example_value") if val is None else val
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _norm_dim(dim: Any, rank: int) -> int | None:
+    if not isinstance(dim, int) or isinstance(dim, bool) or rank == 0:
+        return None
+    return dim % rank if -rank <= dim < rank else None
+
+
+def keeps_rows(node: fx.Node) -> bool:
+    """Whether ``node`` is a shape-only op (a view, reshape, squeeze/unsqueeze, expand,
+    permute/transpose or slice/select of the other dimensions, alias, clone — in any
+    spelling: ATen, ``*_copy``, Edge, Python method) whose result's rows along the last
+    dimension are rows of its first argument, unchanged. Reads the nodes' example values;
+    False where they are missing."""
+    name = view_base_name(node)
+    if name is None or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    out, src = _val(node), _val(node.args[0])
+    if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return False
+    if out.dim() == 0 or src.dim() == 0 or out.dtype != src.dtype:
+        return False
+    if out.shape[-1] != src.shape[-1]:
+        return False
+    if name in _RESHAPES or name in _IDENTITIES or name in _EXPANDS:
+        return True
+    last = src.dim() - 1
+    if name in _PERMUTES:
+        dims = node.args[1:] if node.op == "call_method" else _arg(node, 1, "dims", None)
+        if node.op == "call_method" and len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+            dims = dims[0]
+        return (
+            isinstance(dims, (list, tuple))
+            and len(dims) == src.dim()
+            and (_norm_dim(dims[-1], src.dim()) == last)
+        )
+    if name in _TRANSPOSES:
+        d0, d1 = _arg(node, 1, "dim0", None), _arg(node, 2, "dim1", None)
+        n0, n1 = _norm_dim(d0, src.dim()), _norm_dim(d1, src.dim())
+        return n0 is not None and n1 is not None and last not in (n0, n1)
+    dim = _norm_dim(_arg(node, 1, "dim", 0), src.dim())  # slice, narrow, select
+    return dim is not None and dim != last
