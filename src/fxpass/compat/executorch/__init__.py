@@ -1,0 +1,43 @@
+"""ExecuTorch's pass infrastructure on fxpass: change one import, keep your passes.
+
+``from executorch.exir.pass_base import ExportPass`` becomes
+``from fxpass.compat.executorch import ExportPass`` (likewise ``ProxyValue``,
+``NodeMetadata``, ``PassResult``, ``ExportPassBaseError``, ``ExportedProgramPassBase``,
+``ExportedProgramPassResult``, and ``PassManager`` / ``ExportedProgramPassManager`` from
+``executorch.exir.pass_manager``). The hooks, graphs and node metadata are ExecuTorch's;
+nodes a pass leaves alone are not re-run on fake tensors, failing passes leave the module as
+it was, and "modified" is honest. See docs/executorch.md.
+
+Needs the ``executorch`` package (``pip install 'fxpass[executorch]'``).
+"""
+
+try:
+    import executorch.exir  # noqa: F401
+except ModuleNotFoundError as e:  # pragma: no cover - executorch is in the test extra
+    raise ModuleNotFoundError(
+        "fxpass.compat.executorch needs ExecuTorch: pip install 'fxpass[executorch]' "
+        f"(importing it failed: {e})",
+        name="executorch",
+    ) from e
+
+from ._pass_base import (
+    ExportedProgramPassBase,
+    ExportedProgramPassResult,
+    ExportPass,
+    ExportPassBaseError,
+    NodeMetadata,
+    PassResult,
+    ProxyValue,
+    map_args,
+)
+
+__all__ = [
+    "ExportPass",
+    "ExportPassBaseError",
+    "ExportedProgramPassBase",
+    "ExportedProgramPassResult",
+    "NodeMetadata",
+    "PassResult",
+    "ProxyValue",
+    "map_args",
+]
