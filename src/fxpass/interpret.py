@@ -358,9 +358,11 @@ class InterpreterPass(Pass):
                 if v is not new:
                     return False, False, False
                 if not (isinstance(v, ProxyValue) and v._exact):
-                    exact = False  # a raw value (an attribute) is the very object it was
+                    exact = False
                     if reuse and isinstance(v, ProxyValue):
                         reuse = same_value(v.data, was.meta.get("val"))
+                    elif reuse and isinstance(v, torch.Tensor):  # an attribute, run as it is
+                        reuse = same_value(v, was.meta.get("val"))
             elif isinstance(was, (list, tuple)):
                 if not isinstance(new, (list, tuple)) or len(new) != len(was):
                     return False, False, False

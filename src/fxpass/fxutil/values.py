@@ -45,8 +45,11 @@ def _same_sizes(a: Any, b: Any) -> bool:
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     if type(a) is not type(b) or a.dtype != b.dtype or a.layout != b.layout:
         return False
-    if getattr(a, "constant", None) is not None or getattr(b, "constant", None) is not None:
-        return False  # a constant-folded fake tensor carries data, not just metadata
+    ca, cb = getattr(a, "constant", None), getattr(b, "constant", None)
+    if (ca is not None or cb is not None) and (  # a constant-folded fake tensor has data too
+        ca is None or cb is None or not _same_tensor(ca, cb) or not torch.equal(ca, cb)
+    ):
+        return False
     if a.requires_grad != b.requires_grad or a.is_quantized or b.is_quantized:
         return False
     device_a = getattr(a, "fake_device", None) or a.device  # FakeTensor.device is slow
@@ -62,7 +65,8 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def same_value(new: Any, old: Any) -> bool:
     """Whether ``new`` has exactly ``old``'s metadata: for tensors the type, dtype, device,
-    layout, sizes, strides and storage offset; for symbolic scalars the same expression;
+    layout, sizes, strides and storage offset (and the data of a constant-folded fake
+    tensor); for symbolic scalars the same expression;
     for other scalars equality; element by element for tuples and lists."""
     if new is old:
         return True

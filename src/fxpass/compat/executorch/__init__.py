@@ -30,13 +30,16 @@ from ._pass_base import (
     ProxyValue,
     map_args,
 )
+from ._pass_manager import ExportedProgramPassManager, PassManager
 
 __all__ = [
     "ExportPass",
     "ExportPassBaseError",
     "ExportedProgramPassBase",
+    "ExportedProgramPassManager",
     "ExportedProgramPassResult",
     "NodeMetadata",
+    "PassManager",
     "PassResult",
     "ProxyValue",
     "map_args",

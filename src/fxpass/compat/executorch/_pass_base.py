@@ -358,11 +358,15 @@ class ExportPass(InterpreterPass):
                     ) from si
                 arg = node.args[0]
         old_val = node.meta.get("val")
+        mark = self._graph._root._prev
         value = self.placeholder(target, arg, NodeMetadata(node.meta))
+        created = self._created_since(mark)
         # an input whose fake value holds a constant runs as that constant (as in ExecuTorch)
         was = (old_val, getattr(old_val, "constant", None) if old_val is not None else None)
         same = (
             isinstance(value, ProxyValue)
+            and len(created) == 1
+            and created[0] is value.node
             and value.data is not None
             and any(value.data is w for w in was)
             and value.node.name == node.name
