@@ -6,7 +6,11 @@
 ``ExportedProgramPassResult``, and ``PassManager`` / ``ExportedProgramPassManager`` from
 ``executorch.exir.pass_manager``). The hooks, graphs and node metadata are ExecuTorch's;
 nodes a pass leaves alone are not re-run on fake tensors, failing passes leave the module as
-it was, and "modified" is honest. See docs/executorch.md.
+it was, and "modified" is honest.
+
+:class:`CapabilityPartitioner`, :class:`PatternPartitioner` and :class:`SourcePartitioner`
+are fxpass's partitioners as ExecuTorch ``Partitioner`` objects: the nodes they choose are
+delegated to a backend (``"XnnpackBackend"``). See docs/executorch.md.
 
 Needs the ``executorch`` package (``pip install 'fxpass[executorch]'``).
 """
@@ -20,6 +24,13 @@ except ModuleNotFoundError as e:  # pragma: no cover - executorch is in the test
         name="executorch",
     ) from e
 
+from ._partitioner import (
+    CapabilityPartitioner,
+    DelegationSpec,
+    PartitionResult,
+    PatternPartitioner,
+    SourcePartitioner,
+)
 from ._pass_base import (
     ExportedProgramPassBase,
     ExportedProgramPassResult,
@@ -33,14 +44,19 @@ from ._pass_base import (
 from ._pass_manager import ExportedProgramPassManager, PassManager
 
 __all__ = [
+    "CapabilityPartitioner",
+    "DelegationSpec",
     "ExportPass",
     "ExportPassBaseError",
     "ExportedProgramPassBase",
     "ExportedProgramPassManager",
     "ExportedProgramPassResult",
     "NodeMetadata",
+    "PartitionResult",
     "PassManager",
     "PassResult",
+    "PatternPartitioner",
     "ProxyValue",
+    "SourcePartitioner",
     "map_args",
 ]

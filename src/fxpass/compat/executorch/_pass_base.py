@@ -427,9 +427,6 @@ class ExportPass(InterpreterPass):
     def _mark_provenance(self, old: fx.Node, created: list[fx.Node]) -> None:
         pass  # nodes carry exactly the metadata ExecuTorch gives them
 
-    def _aliases(self, target: Any) -> bool:
-        return target is not executorch_call_delegate and super()._aliases(target)
-
     # ----- building nodes ---------------------------------------------------------------------
     def _fx(self, kind: str, target: Any, args, kwargs, meta: NodeMetadata) -> ProxyValue:
         """Emit ``target(*args, **kwargs)`` as a ``kind`` node with ``meta``: the node
