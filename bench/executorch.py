@@ -14,7 +14,7 @@ outputs on the same inputs, the same ``val`` / ``stack_trace`` / ``nn_module_sta
 ``debug_handle`` on every node. Target: fxpass at least 10x faster at 16 layers.
 
     python bench/executorch.py            # 2, 16, 64 layers (to_edge of 64 layers takes minutes)
-    python bench/executorch.py --quick    # 1 and 2 layers, a smoke test
+    python bench/executorch.py --quick    # 1 layer, a smoke test
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def measure(ep, inputs, name: str, et_cls: type, fx_cls: type, repeat: int) -> t
 
 def main(argv=None) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
-    sizes = (1, 2) if args.quick else (2, 16, 64)
+    sizes = (1,) if args.quick else (2, 16, 64)
     ratios = {}
     for layers in sizes:
         t0 = time.perf_counter()
