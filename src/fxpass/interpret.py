@@ -106,6 +106,16 @@ def map_args(
     return tuple(args), kwargs
 
 
+def _value_kept(new: Any, old: fx.Node) -> bool:
+    """Whether ``new`` (the new value of input ``old``) has ``old``'s metadata. An attribute
+    (a raw tensor or module in the environment) runs as it is."""
+    if isinstance(new, ProxyValue):
+        return same_value(new.data, old.meta.get("val"))
+    if isinstance(new, torch.Tensor):
+        return same_value(new, old.meta.get("val"))
+    return True
+
+
 def _location(obj: Any) -> str:
     try:
         return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
@@ -345,13 +355,24 @@ class InterpreterPass(Pass):
         whether the old node's fake value still stands for the result (``reuse``: every new
         input has its old input's metadata, see :func:`~fxpass.fxutil.values.same_value`,
         and the op does not alias an input). One walk answers all three."""
-        old_kwargs = old.kwargs
-        if len(args) != len(old.args) or kwargs.keys() != old_kwargs.keys():
+        old_args, old_kwargs = old.args, old.kwargs
+        if len(args) != len(old_args) or kwargs.keys() != old_kwargs.keys():
             return False, False, False
         env = self._env
         exact = reuse = True
-        pairs = [*zip(args, old.args), *((kwargs[k], old_kwargs[k]) for k in kwargs)]
-        while pairs:  # iterative: this runs for every node of every interpreter pass
+        pairs: list[tuple[Any, Any]] = []  # nested lists and kwargs, after the arguments
+        for new, was in zip(args, old_args):  # runs for every node of every interpreter pass
+            if was.__class__ is not fx.Node:
+                pairs.append((new, was))
+                continue
+            v = env.get(was)
+            if v is not new:
+                return False, False, False
+            if not (isinstance(v, ProxyValue) and v._exact):
+                exact = False
+                reuse = reuse and _value_kept(v, was)
+        pairs.extend((kwargs[k], old_kwargs[k]) for k in kwargs)
+        while pairs:
             new, was = pairs.pop()
             if isinstance(was, fx.Node):
                 v = env.get(was)
@@ -359,10 +380,7 @@ class InterpreterPass(Pass):
                     return False, False, False
                 if not (isinstance(v, ProxyValue) and v._exact):
                     exact = False
-                    if reuse and isinstance(v, ProxyValue):
-                        reuse = same_value(v.data, was.meta.get("val"))
-                    elif reuse and isinstance(v, torch.Tensor):  # an attribute, run as it is
-                        reuse = same_value(v, was.meta.get("val"))
+                    reuse = reuse and _value_kept(v, was)
             elif isinstance(was, (list, tuple)):
                 if not isinstance(new, (list, tuple)) or len(new) != len(was):
                     return False, False, False

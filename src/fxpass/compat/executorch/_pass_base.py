@@ -44,6 +44,7 @@ from torch.utils import _pytree as pytree
 from ...core.context import current_context
 from ...core.contract import PassResult
 from ...core.errors import PassFailedError
+from ...core.pipeline import Pipeline
 from ...fxutil.values import FakeResults
 from ...interpret import InterpreterPass
 from ...interpret import ProxyValue as _InterpreterValue
@@ -249,8 +250,11 @@ class ExportPass(InterpreterPass):
         return result
 
     def __call__(self, graph_module: fx.GraphModule, *args: Any, **kwargs: Any) -> PassResult:
+        # a one-pass pipeline, without lint: ExecuTorch's pass does not lint, and the new
+        # graph is built node by node from a valid one
+        pipeline = Pipeline([self], name=self.name, lint=False)
         try:
-            return super().__call__(graph_module, *args, **kwargs)
+            return pipeline.run(graph_module, *args, **kwargs)
         except PassFailedError as e:  # the module is restored; raise what the pass raised
             if e.pass_name != self.name or e.cause is None:
                 raise
@@ -486,9 +490,13 @@ class ExportPass(InterpreterPass):
             proxy.node.meta.update(meta.data)
             tracer.set_metadata(proxy.node, value)
             return ProxyValue(value, proxy)
-        node = self._graph.create_node(
-            kind, target, node_args, node_kwargs, name=self._candidate_name(target)
-        )
+        # arguments set after creation: Graph.create_node walks them with pytree to warn
+        # about raw SymInts (which _node_arg never lets through) at a fifth of this loop's cost
+        node = self._graph.create_node(kind, target, name=self._candidate_name(target))
+        if node_args:
+            node.args = node_args
+        if node_kwargs:
+            node.kwargs = node_kwargs
         _traced_meta(self._current, meta.data, node.meta)
         if isinstance(value, (FakeTensor, int, float, bool, torch.SymInt)) or value is None:
             node.meta["val"] = value
@@ -543,32 +551,38 @@ class ExportPass(InterpreterPass):
                 )
 
 
-_LITERALS = (
-    int,
-    float,
-    bool,
-    str,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.memory_format,
-    torch.layout,
+_LITERALS = frozenset(
+    (
+        int,
+        float,
+        bool,
+        str,
+        type(None),
+        torch.dtype,
+        torch.device,
+        torch.memory_format,
+        torch.layout,
+    )
 )
+_SEQUENCES = frozenset((tuple, list, fx.immutable_collections.immutable_list))
 
 
 def _node_arg(a: Any) -> Any:
     """``a`` as node arguments: graph values become their nodes, literals stay; anything
     else raises ``_RawInput`` (the tracer decides what it becomes)."""
+    cls = type(a)
+    if cls in _LITERALS:
+        return a
+    if cls is ProxyValue:
+        proxy = a.proxy_or_node
+        return proxy.node if type(proxy) is fx.Proxy else a.node
+    if cls in _SEQUENCES:
+        items = [_node_arg(x) for x in a]
+        return tuple(items) if cls is tuple else items
+    if cls in (dict, fx.immutable_collections.immutable_dict):
+        return {k: _node_arg(v) for k, v in a.items()}
     if isinstance(a, _et.ProxyValue):
         return a.node
-    if isinstance(a, tuple) and not hasattr(a, "_fields"):  # the tracer builds namedtuples
-        return tuple(_node_arg(x) for x in a)
-    if isinstance(a, list):
-        return [_node_arg(x) for x in a]
-    if isinstance(a, dict):
-        return {k: _node_arg(v) for k, v in a.items()}
-    if isinstance(a, _LITERALS) and not isinstance(a, torch.SymInt):
-        return a
     raise _RawInput
 
 
