@@ -13,12 +13,17 @@ and checks that both produce the same graph: the same nodes in the same order, t
 outputs on the same inputs, the same ``val`` / ``stack_trace`` / ``nn_module_stack`` /
 ``debug_handle`` on every node. Target: fxpass at least 10x faster at 16 layers.
 
+Times are the CPU time of this process (``time.process_time``, the best of ``--repeat``
+runs), so other work on a shared machine does not skew the ratio; on an idle machine wall
+time is about the same (both passes run single-threaded Python).
+
     python bench/executorch.py            # 2, 16, 64 layers (to_edge of 64 layers takes minutes)
     python bench/executorch.py --quick    # 1 layer, a smoke test
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -35,7 +40,7 @@ from torch.export.graph_signature import InputKind
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import parser, timeit
+from _common import parser
 
 from fxpass.compat.executorch import ExportPass as FxpassExportPass
 from fxpass.fxutil.values import same_value
@@ -108,6 +113,22 @@ def same_graphs(a, b) -> str | None:
     return None
 
 
+def cpu_time(fn, repeat: int) -> float:
+    """The least CPU time of ``repeat`` runs of ``fn`` (after one untimed run), in seconds."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.process_time()
+            fn()
+            best = min(best, time.process_time() - start)
+        finally:
+            gc.enable()
+    return best
+
+
 def measure(ep, inputs, name: str, et_cls: type, fx_cls: type, repeat: int) -> tuple:
     gm = ep.graph_module
     nodes = len(gm.graph.nodes)
@@ -120,8 +141,8 @@ def measure(ep, inputs, name: str, et_cls: type, fx_cls: type, repeat: int) -> t
     same = (torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(et_out, fx_out))
     if len(et_out) != len(fx_out) or not all(same):
         raise SystemExit(f"{name}: the outputs differ")
-    t_et = timeit(lambda: et_cls()(gm), repeat=repeat)
-    t_fx = timeit(lambda: fx_cls()(gm), repeat=repeat)
+    t_et = cpu_time(lambda: et_cls()(gm), repeat)
+    t_fx = cpu_time(lambda: fx_cls()(gm), repeat)
     changed = "changed" if fx_result.modified else "unchanged"
     print(
         f"  {name:9s} {nodes:6d} nodes  ExecuTorch {t_et * 1e3:8.1f} ms ({t_et / nodes * 1e6:6.1f} "

@@ -395,3 +395,25 @@ def test_compat_passes_run_in_fxpass_pipelines():
     assert result.modified
     assert result.report.root.children[0].stats == {"rewritten": 2}
     assert operator.getitem not in [n.target for n in result.graph_module.graph.nodes]
+
+
+def test_debug_counters_and_instrumentation_see_each_rewrite():
+    ep = edge_program("add_relu")
+
+    class Changes(fp.Instrumentation):
+        def __init__(self):
+            self.events = []
+
+        def on_change(self, event, ctx):
+            self.events.append([n.name for n in event.old])
+
+    watch = Changes()
+    result = fp.apply(
+        ep,
+        edge_add_with_mul_sub(compat.ExportPass)(),
+        debug_counter=fp.DebugCounter(count=1),
+        instrument=[watch],
+    )
+    assert watch.events == [["aten_add_tensor"]]
+    targets = [n.target for n in result.graph_module.graph.nodes]
+    assert targets.count(edge.add.Tensor) == 1 and targets.count(edge.sub.Tensor) == 1

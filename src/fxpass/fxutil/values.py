@@ -45,6 +45,8 @@ def _same_sizes(a: Any, b: Any) -> bool:
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     if type(a) is not type(b) or a.dtype != b.dtype or a.layout != b.layout:
         return False
+    if not (a._has_symbolic_sizes_strides or b._has_symbolic_sizes_strides):
+        return _same_static(a, b)  # the common case, compared in C
     ca, cb = getattr(a, "constant", None), getattr(b, "constant", None)
     if (ca is not None or cb is not None) and (  # a constant-folded fake tensor has data too
         ca is None or cb is None or not _same_tensor(ca, cb) or not torch.equal(ca, cb)
@@ -61,6 +63,25 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _same_sizes(a.stride(), b.stride()) and _same_scalar(
         a.storage_offset(), b.storage_offset()
     )
+
+
+def _same_static(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.requires_grad != b.requires_grad:
+        return False
+    if a.is_quantized or b.is_quantized:
+        return False
+    if (getattr(a, "fake_device", None) or a.device) != (
+        getattr(b, "fake_device", None) or b.device
+    ):
+        return False
+    if a.layout == torch.strided and (
+        a.stride() != b.stride() or a.storage_offset() != b.storage_offset()
+    ):
+        return False
+    ca, cb = getattr(a, "constant", None), getattr(b, "constant", None)
+    if ca is None and cb is None:
+        return True
+    return ca is not None and cb is not None and _same_tensor(ca, cb) and torch.equal(ca, cb)
 
 
 def same_value(new: Any, old: Any) -> bool:

@@ -284,7 +284,16 @@ class ExportPass(InterpreterPass):
             return PassResult(graph_module, False)
         return PassResult(result.graph_module, True, {"rewritten": self._rewrites})
 
-    _STATE = ("_tracer", "interpreter", "_graph", "_env", "_changed", "_current", "_meta_for")
+    _STATE = (
+        "_tracer",
+        "interpreter",
+        "_graph",
+        "_env",
+        "_changed",
+        "_current",
+        "_meta_for",
+        "_val_taken",
+    )
 
     def call_submodule(self, graph_module: fx.GraphModule, inputs: tuple[Any, ...]) -> PassResult:
         """Run the hooks over ``graph_module`` on ``inputs``; a new module, or the same one
@@ -452,10 +461,7 @@ class ExportPass(InterpreterPass):
             self._val_taken = True
             value = old.meta["val"]
         else:
-            args_data, kwargs_data = pytree.tree_map_only(
-                _et.ProxyValue, lambda x: x.data, (args, kwargs)
-            )
-            value = self._run(kind, target, args_data, kwargs_data)
+            value = self._run(kind, target, _data(args), _data(kwargs))
         result = self._create(kind, target, args, kwargs, meta, value)
         result._copy = reuse
         result._exact = reuse and exact
@@ -565,6 +571,21 @@ _LITERALS = frozenset(
     )
 )
 _SEQUENCES = frozenset((tuple, list, fx.immutable_collections.immutable_list))
+
+
+def _data(a: Any) -> Any:
+    """``a`` with every ``ProxyValue`` replaced by its data (ExecuTorch's
+    ``tree_map_only(ProxyValue, lambda x: x.data, ...)``, for the common containers)."""
+    cls = type(a)
+    if cls in _LITERALS:
+        return a
+    if isinstance(a, _et.ProxyValue):
+        return a.data
+    if cls in _SEQUENCES:
+        return cls(_data(x) for x in a)
+    if cls is dict:
+        return {k: _data(v) for k, v in a.items()}
+    return pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, a)
 
 
 def _node_arg(a: Any) -> Any:
