@@ -44,11 +44,14 @@ from torch.utils import _pytree as pytree
 
 from .core.context import ChangeEvent, current_context
 from .core.contract import Pass, PassResult
-from .fxutil.values import returns_alias, same_value
+from .fxutil.values import FakeResults, returns_alias, same_value
 from .rewrite.metadata import COPIED_META, node_sources, provenance_record
 from .targets._util import get_path
 
 __all__ = ["ExportPass", "InterpreterPass", "ProxyValue", "map_args"]
+
+#: Fake results by op and input metadata, shared by every interpreter pass in the process.
+FAKE_RESULTS = FakeResults()
 
 # Metadata a rewritten node inherits from the node it replaces (``val`` is recomputed).
 _INHERITED = (*COPIED_META, "custom", "seq_nr", "original_aten", "from_node")
@@ -440,11 +443,15 @@ class InterpreterPass(Pass):
 
         fargs = pytree.tree_map(fake, args)
         fkwargs = pytree.tree_map(fake, kwargs)
+        if kind == "call_function":
+            hit = FAKE_RESULTS.get(target, fargs, fkwargs, self._mode)
+            if hit is not None:
+                return hit
         try:
             with self._mode:
                 if kind == "call_method":
                     return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
-                return target(*fargs, **fkwargs)
+                return FAKE_RESULTS.put(target, fargs, fkwargs, target(*fargs, **fkwargs))
         except Exception as e:
             raise RuntimeError(
                 f"{type(self).__name__}: running {target} on fake tensors failed while "

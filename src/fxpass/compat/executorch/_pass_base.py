@@ -45,8 +45,7 @@ from ...core.context import current_context
 from ...core.contract import PassResult
 from ...core.errors import PassFailedError
 from ...core.pipeline import Pipeline
-from ...fxutil.values import FakeResults
-from ...interpret import InterpreterPass
+from ...interpret import FAKE_RESULTS, InterpreterPass
 from ...interpret import ProxyValue as _InterpreterValue
 from ...rewrite.metadata import node_sources
 
@@ -69,8 +68,7 @@ ExportedProgramPassBase = _et.ExportedProgramPassBase
 ExportedProgramPassResult = _et.ExportedProgramPassResult
 map_args = _et.map_args
 
-#: Fake results by op and input metadata, shared by every run in the process.
-_RESULTS = FakeResults()
+_RESULTS = FAKE_RESULTS  # fake results by op and input metadata, shared in the process
 _NAMES: dict[Any, str] = {}  # target -> the node name ExecuTorch's tracer derives from it
 _INTERPRETER = "Interpreter_ExportInterpreter"  # the pass name torch records in from_node
 _PRESERVE_SYM = torch.fx.traceback._is_preserving_node_seq_nr
