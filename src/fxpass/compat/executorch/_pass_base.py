@@ -541,6 +541,9 @@ class ExportPass(InterpreterPass):
     ) -> None:
         if not self.should_preserve_symbolic_input_metadata():
             return
+        inputs = [n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"]
+        if not any(map(_symbolic, inputs)):  # nothing to preserve (and no pytree walk)
+            return
         before = self._capture_symbolic_input_snapshots(graph_module)
         if all(snapshot is None for snapshot in before):
             return
@@ -633,6 +636,14 @@ def _created_from(node: fx.Node) -> list[Any]:
     (source,) = node_sources([node], _INTERPRETER)
     source.action = [fx_traceback.NodeSourceAction.CREATE]
     return [source]
+
+
+def _symbolic(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value._has_symbolic_sizes_strides
+    if isinstance(value, (list, tuple)):
+        return any(map(_symbolic, value))
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
