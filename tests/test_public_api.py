@@ -8,11 +8,13 @@ import pytest
 
 import fxpass
 
-MODULES = ["fxpass", "fxpass.compat.fx", "fxpass.registry"]
+MODULES = ["fxpass", "fxpass.compat.fx", "fxpass.registry", "fxpass.compat.executorch"]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_all_is_sorted_and_resolves(name):
+    if name == "fxpass.compat.executorch":
+        pytest.importorskip("executorch.exir")  # the executorch extra
     module = importlib.import_module(name)
     assert module.__all__ == sorted(module.__all__), f"{name}.__all__ is not sorted"
     assert len(set(module.__all__)) == len(module.__all__)

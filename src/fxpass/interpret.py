@@ -44,10 +44,14 @@ from torch.utils import _pytree as pytree
 
 from .core.context import ChangeEvent, current_context
 from .core.contract import Pass, PassResult
+from .fxutil.values import FakeResults, returns_alias, same_value
 from .rewrite.metadata import COPIED_META, node_sources, provenance_record
 from .targets._util import get_path
 
 __all__ = ["ExportPass", "InterpreterPass", "ProxyValue", "map_args"]
+
+#: Fake results by op and input metadata, shared by every interpreter pass in the process.
+FAKE_RESULTS = FakeResults()
 
 # Metadata a rewritten node inherits from the node it replaces (``val`` is recomputed).
 _INHERITED = (*COPIED_META, "custom", "seq_nr", "original_aten", "from_node")
@@ -103,6 +107,16 @@ def map_args(
         elif not arg.kwarg_only and i < len(args):
             args[i] = fn(args[i], arg)
     return tuple(args), kwargs
+
+
+def _value_kept(new: Any, old: fx.Node) -> bool:
+    """Whether ``new`` (the new value of input ``old``) has ``old``'s metadata. An attribute
+    (a raw tensor or module in the environment) runs as it is."""
+    if isinstance(new, ProxyValue):
+        return same_value(new.data, old.meta.get("val"))
+    if isinstance(new, torch.Tensor):
+        return same_value(new, old.meta.get("val"))
+    return True
 
 
 def _location(obj: Any) -> str:
@@ -185,6 +199,7 @@ class InterpreterPass(Pass):
         self._rewrites = 0
         self._where: str | None = None  # the location provenance names (see _mark_provenance)
         self._current: fx.Node | None = None
+        self._val_taken = False  # the current node's fake value went to a new node already
         self._inputs_seen = 0
         self._last_constant: fx.Node | None = None
         self._mode = self._find_fake_mode(gm)
@@ -250,20 +265,22 @@ class InterpreterPass(Pass):
         args = fx.node.map_arg(node.args, self._env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, self._env.__getitem__)
         mark = self._graph._root._prev  # the last node before this step
-        meta = dict(node.meta)
-        result = self._dispatch(node, args, kwargs, meta)
+        self._val_taken = False
+        result = self._dispatch(node, args, kwargs, self._hook_meta(node))
         created = self._created_since(mark)
         copied = (
             isinstance(result, ProxyValue)
             and result._copy
-            and len(created) == 1
-            and result.node is created[0]
+            and bool(created)
+            and result.node is created[-1]
+            and all(n.op == "get_attr" for n in created[:-1])  # attributes read again
         )
         if not copied:
             ctx = self._ctx
             if ctx is not None and not ctx.allow():  # a debug counter said no: copy instead
                 for n in reversed(created):
                     self._graph.erase_node(n)
+                self._val_taken = False
                 result = self._copy(node)
             else:
                 self._changed = True
@@ -274,6 +291,10 @@ class InterpreterPass(Pass):
         elif not result._exact:
             self._changed = True  # an input changed upstream; this node was re-run on it
         self._env[node] = result
+
+    def _hook_meta(self, node: fx.Node) -> Any:
+        """The ``meta`` the hooks get for ``node``: a copy of its metadata."""
+        return dict(node.meta)
 
     def _dispatch(self, node: fx.Node, args, kwargs, meta) -> Any:
         if node.op == "call_function" and node.target is operator.getitem:
@@ -311,52 +332,73 @@ class InterpreterPass(Pass):
     def _emit_node(self, kind: str, target: Any, args, kwargs, meta) -> ProxyValue:
         old = self._current
         same = old is not None and old.op == kind and old.target is target
-        copied, exact = self._same_inputs(old, args, kwargs) if same else (False, False)
+        copied, exact, reuse = self._same_inputs(old, args, kwargs) if same else (False,) * 3
         node_args = pytree.tree_map(self._as_arg, args)
         node_kwargs = pytree.tree_map(self._as_arg, kwargs)
         name = old.name if same else None
         node = self._graph.create_node(kind, target, node_args, node_kwargs, name=name)
-        if exact:
+        if exact and not self._val_taken:
+            self._val_taken = True
             node.meta = dict(old.meta)
             return ProxyValue(node, old.meta.get("val"), exact=True)
         for key in _INHERITED:
             if key in meta:
                 node.meta[key] = meta[key]
-        val = self._fake_run(kind, target, args, kwargs, old if same else None)
+        if reuse and not self._val_taken and "val" in old.meta:
+            self._val_taken = True
+            val = old.meta["val"]
+        else:
+            val = self._fake_run(kind, target, args, kwargs, old if same else None)
         node.meta["val"] = val
         return ProxyValue(node, val, copy=copied)
 
-    def _same_inputs(self, old: fx.Node, args, kwargs) -> tuple[bool, bool]:
-        """Whether ``args``/``kwargs`` are the new values of the old node's inputs, and
-        whether, besides, each of them is an unchanged copy (one walk answers both)."""
+    def _same_inputs(self, old: fx.Node, args, kwargs) -> tuple[bool, bool, bool]:
+        """Whether ``args``/``kwargs`` are the new values of the old node's inputs
+        (``copied``); whether, besides, each of them is an unchanged copy (``exact``); and
+        whether the old node's fake value still stands for the result (``reuse``: every new
+        input has its old input's metadata, see :func:`~fxpass.fxutil.values.same_value`,
+        and the op does not alias an input). One walk answers all three."""
+        old_args, old_kwargs = old.args, old.kwargs
+        if len(args) != len(old_args) or kwargs.keys() != old_kwargs.keys():
+            return False, False, False
         env = self._env
-        exact = True
-
-        def same(new: Any, was: Any) -> bool:
-            nonlocal exact
+        exact = reuse = True
+        pairs: list[tuple[Any, Any]] = []  # nested lists and kwargs, after the arguments
+        for new, was in zip(args, old_args):  # runs for every node of every interpreter pass
+            if was.__class__ is not fx.Node:
+                pairs.append((new, was))
+                continue
+            v = env.get(was)
+            if v is not new:
+                return False, False, False
+            if not (isinstance(v, ProxyValue) and v._exact):
+                exact = False
+                reuse = reuse and _value_kept(v, was)
+        pairs.extend((kwargs[k], old_kwargs[k]) for k in kwargs)
+        while pairs:
+            new, was = pairs.pop()
             if isinstance(was, fx.Node):
                 v = env.get(was)
                 if v is not new:
-                    return False
-                if exact and not (isinstance(v, ProxyValue) and v._exact):
+                    return False, False, False
+                if not (isinstance(v, ProxyValue) and v._exact):
                     exact = False
-                return True
-            if isinstance(was, (list, tuple)):
-                return (
-                    isinstance(new, (list, tuple))
-                    and len(new) == len(was)
-                    and all(same(a, b) for a, b in zip(new, was))
-                )
-            if isinstance(new, (ProxyValue, torch.Tensor)):
-                return False
-            return type(new) is type(was) and new == was
+                    reuse = reuse and _value_kept(v, was)
+            elif isinstance(was, (list, tuple)):
+                if not isinstance(new, (list, tuple)) or len(new) != len(was):
+                    return False, False, False
+                pairs.extend(zip(new, was))
+            elif (
+                isinstance(new, (ProxyValue, torch.Tensor))
+                or type(new) is not type(was)
+                or new != was
+            ):
+                return False, False, False
+        return True, exact, exact or (reuse and not self._aliases(old.target))
 
-        if set(kwargs) != set(old.kwargs):
-            return False, False
-        copied = same(tuple(args), tuple(old.args)) and all(
-            same(kwargs[k], old.kwargs[k]) for k in kwargs
-        )
-        return copied, copied and exact
+    def _aliases(self, target: Any) -> bool:
+        """Whether ``target``'s result may alias an input (then it is re-run, not reused)."""
+        return returns_alias(target)
 
     def _as_arg(self, value: Any) -> Any:
         if isinstance(value, ProxyValue):
@@ -401,11 +443,15 @@ class InterpreterPass(Pass):
 
         fargs = pytree.tree_map(fake, args)
         fkwargs = pytree.tree_map(fake, kwargs)
+        if kind == "call_function":
+            hit = FAKE_RESULTS.get(target, fargs, fkwargs, self._mode)
+            if hit is not None:
+                return hit
         try:
             with self._mode:
                 if kind == "call_method":
                     return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
-                return target(*fargs, **fkwargs)
+                return FAKE_RESULTS.put(target, fargs, fkwargs, target(*fargs, **fkwargs))
         except Exception as e:
             raise RuntimeError(
                 f"{type(self).__name__}: running {target} on fake tensors failed while "

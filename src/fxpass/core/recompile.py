@@ -5,7 +5,9 @@ many passes (Torch-TensorRT's among them) call ``gm.recompile()`` after each edi
 run, :class:`DeferredRecompile` turns those calls into a note that the code is stale, and
 :meth:`DeferredRecompile.finish` regenerates it once at the end. If anything calls the module
 while its code is stale (a pass that executes it), the code is regenerated first, so the
-module never runs stale code.
+module never runs stale code. A ``_LazyGraphModule`` (torch's lazily compiled module) stays
+lazy: regenerating its code means marking it, and torch regenerates it when it is first run
+or printed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 __all__ = ["DeferredRecompile"]
 
@@ -55,6 +58,9 @@ class DeferredRecompile:
             del self._stale[id(gm)]
             gm.__dict__.pop("forward", None)
             self.recompiles += 1
+            if isinstance(gm, _LazyGraphModule):
+                type(gm).recompile()  # a lazy module regenerates its code when first run
+                return
             # GraphModule's own recompile: _LazyGraphModule (Dynamo) makes it a classmethod
             fx.GraphModule.recompile(gm)
 

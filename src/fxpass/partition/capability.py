@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..fxutil.dialect import aten_op
 from .base import Partition, module_and_graph
 from .support import _CALLABLE_OPS, OperatorSupportBase, parse_support, resolve_op
 
@@ -68,6 +69,7 @@ def _canonical(op: Any) -> str:
             op = resolve_op(text)
         except ValueError:
             return text  # a name we cannot import: compare it as written
+    op = aten_op(op)
     if isinstance(op, torch._ops.OpOverloadPacket):
         return "torch.ops." + op._qualified_op_name.replace("::", ".")
     return _qualified(op)
@@ -77,7 +79,8 @@ def op_matcher(ops: Iterable[Any] | None) -> NodePredicate:
     """A predicate: does a ``call_function`` node call one of ``ops``?
 
     ``ops`` are ops or names in any spelling (``aten.view``, ``torch.ops.aten.view.default``,
-    ``_operator.getitem``, ``getitem``); a packet name matches all of its overloads.
+    ``_operator.getitem``, ``getitem``); a packet name matches all of its overloads, and an
+    ATen op matches its ExecuTorch Edge op.
     """
     names = frozenset(_canonical(op) for op in ops or ())
     if not names:
@@ -105,7 +108,12 @@ def _name_matcher(names: frozenset[str], *, packets: bool) -> NodePredicate:
         target = node.target
         hit = cache.get(target)
         if hit is None:
-            hit = _qualified(target) in names or (packets and _packet_name(target) in names)
+            op = aten_op(target)  # an Edge op matches as the ATen op it wraps
+            hit = (
+                _qualified(target) in names
+                or (op is not target and _qualified(op) in names)
+                or (packets and _packet_name(op) in names)
+            )
             cache[target] = hit
         return hit
 

@@ -15,6 +15,10 @@ partitioners accept torch's). Build them from
 and compose them with :func:`chain` (all must agree), :func:`any_chain` (any may agree), or
 the operators ``&``, ``|`` and ``~``.
 
+Ops are matched by the ATen op they are (:func:`fxpass.fxutil.dialect.aten_op`): a support
+written with ``aten.add.Tensor`` accepts ExecuTorch's Edge op ``exir_ops.edge.aten.add.Tensor``
+too, and an Edge op given to a support stands for its ATen op.
+
 :func:`parse_support` reads the declarative forms the CLI and the ``partition`` pass take::
 
     elementwise | norm
@@ -36,6 +40,7 @@ import torch
 from torch import fx, nn
 
 from ..core.errors import SpecError
+from ..fxutil.dialect import aten_op
 from ..targets._util import find_path
 
 __all__ = [
@@ -83,6 +88,12 @@ class OperatorSupportBase(abc.ABC):
         """The support as spec text (what :func:`parse_support` reads back, where it can)."""
         return f"<{type(self).__name__}>"
 
+    def named_ops(self) -> frozenset[Any]:
+        """The op overloads this support names as supported (a packet names each of its
+        overloads; ops under ``~`` are not named). What a backend asks a compiler to keep
+        whole, e.g. ExecuTorch's ``ops_to_not_decompose``."""
+        return frozenset()
+
     def __repr__(self) -> str:
         return f"<support {self.describe()}>"
 
@@ -118,13 +129,24 @@ class _Foreign(OperatorSupportBase):
 
 
 # ----- ops -------------------------------------------------------------------------------------
+_OP_PREFIXES = (
+    "torch.ops.",
+    "executorch.exir.dialects.edge._ops.",  # an Edge op's qualified name
+    "exir_ops.edge.",
+    "edge.",
+)
+
+
 def resolve_op(name: str) -> Any:
     """Turn an op name into the op: ``aten.add.Tensor`` (an overload), ``aten.add`` (every
     overload), ``fxpass.rms_norm``, ``operator.getitem`` / ``getitem``, or an importable
-    dotted path such as ``torch.nn.functional.linear`` or ``torch.nn.Linear``."""
+    dotted path such as ``torch.nn.functional.linear`` or ``torch.nn.Linear``. An Edge op's
+    name (``exir_ops.edge.aten.add.Tensor``, ``edge.aten.add``) gives the ATen op."""
     text = name.strip()
-    if text.startswith("torch.ops."):
-        text = text[len("torch.ops.") :]
+    for prefix in _OP_PREFIXES:  # Edge ops are written as the ATen ops they wrap
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+            break
     if text in ("getitem", "_operator.getitem"):
         return operator.getitem
     parts = text.split(".")
@@ -200,7 +222,7 @@ class _OpSet(OperatorSupportBase):
         self.names: list[str] = []
         modules = []
         for t in targets:
-            op = resolve_op(t) if isinstance(t, str) else t
+            op = resolve_op(t) if isinstance(t, str) else aten_op(t)
             self.names.append(t if isinstance(t, str) else _op_name(op))
             if isinstance(op, torch._ops.OpOverload):
                 self.overloads.add(op)
@@ -216,7 +238,7 @@ class _OpSet(OperatorSupportBase):
 
     def is_node_supported(self, submodules, node):
         if node.op == "call_function":
-            target = node.target
+            target = aten_op(node.target)
             if target in self.overloads or target in self.functions:
                 return True
             packet = getattr(target, "overloadpacket", None)
@@ -228,6 +250,12 @@ class _OpSet(OperatorSupportBase):
 
     def describe(self) -> str:
         return "ops(" + ", ".join(self.names) + ")"
+
+    def named_ops(self) -> frozenset[Any]:
+        ops = set(self.overloads)
+        for packet in self.packets:
+            ops.update(getattr(packet, name) for name in packet.overloads())
+        return frozenset(ops)
 
 
 def op_support(*targets: Any) -> OperatorSupportBase:
@@ -395,6 +423,9 @@ class _All(OperatorSupportBase):
     def describe(self) -> str:
         return " & ".join(_paren(p, _Any) for p in self.parts) or "all"
 
+    def named_ops(self) -> frozenset[Any]:
+        return frozenset().union(*(p.named_ops() for p in self.parts))
+
 
 class _Any(OperatorSupportBase):
     def __init__(self, parts: Iterable[OperatorSupportBase]) -> None:
@@ -405,6 +436,9 @@ class _Any(OperatorSupportBase):
 
     def describe(self) -> str:
         return " | ".join(_paren(p, _All) for p in self.parts) or "none"
+
+    def named_ops(self) -> frozenset[Any]:
+        return frozenset().union(*(p.named_ops() for p in self.parts))
 
 
 class _Not(OperatorSupportBase):
@@ -599,6 +633,9 @@ def _arg_dtype(arg: fx.Node) -> Any:
 class OperatorSupport(OperatorSupportBase):
     """torch's support dict: ``{target typename: None | (arg dtypes, kwarg dtypes)}``.
 
+    An Edge op is looked up under its own name, then under its ATen op's
+    (``torch.ops.aten.add.Tensor``).
+
     ``None`` accepts any dtype; otherwise ``([dtypes of args[0]], [..of args[1]], ...)`` and
     ``{"kwarg": [dtypes]}`` restrict the inputs (``None`` in the args list skips one). Nodes
     that call nothing (placeholders, get_attr, output) are supported, as in torch. Dtypes come
@@ -612,6 +649,8 @@ class OperatorSupport(OperatorSupportBase):
         if node.op not in _CALLABLE_OPS:
             return True
         target = node_target_name(submodules, node)
+        if target not in self._support_dict and node.op == "call_function":
+            target = fx.node._get_qualified_name(aten_op(node.target))  # an Edge op's ATen name
         if target not in self._support_dict:
             return False
         rule = self._support_dict[target]
