@@ -1,0 +1,1 @@
+"""Tensor parallelism for captured programs (in progress)."""
