@@ -20,12 +20,22 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["C10D", "DEFAULT_GROUP", "all_gather", "all_reduce", "is_collective", "reduce_scatter"]
+__all__ = [
+    "C10D",
+    "DEFAULT_GROUP",
+    "all_gather",
+    "all_reduce",
+    "is_collective",
+    "reduce_scatter",
+    "sink_below_views",
+    "sum_all_reduces",
+]
 
 aten = torch.ops.aten
 C10D = torch.ops._c10d_functional
 DEFAULT_GROUP = "0"
 
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 _COLLECTIVES = {
     C10D.all_reduce.default,
     C10D.all_gather_into_tensor.default,
@@ -105,3 +115,38 @@ def reduce_scatter(
     local = list(full)
     local[dim] //= world_size
     return scattered if dim == 0 else _from_front(graph, scattered, local, dim)
+
+
+def sum_all_reduces(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+    """Every ``wait_tensor(all_reduce(x, "sum", group))`` of ``gm``: (all_reduce, wait)."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is C10D.wait_tensor.default:
+            src = node.args[0]
+            if (
+                isinstance(src, fx.Node)
+                and src.target is C10D.all_reduce.default
+                and src.args[1] == "sum"
+                and len(src.users) == 1
+            ):
+                out.append((src, node))
+    return out
+
+
+def sink_below_views(reduce: fx.Node, wait: fx.Node) -> bool:
+    """Move an all-reduce (and its wait) below the reshapes that are its only users — a
+    reshape of a sum is the sum of the reshapes — so it reduces the value the next op
+    reads (core ATen reshapes every matmul's output back to [batch, seq, hidden])."""
+    moved = False
+    while len(wait.users) == 1:
+        (view,) = wait.users
+        if view.op != "call_function" or view.target not in _VIEWS:
+            return moved
+        view.replace_input_with(wait, reduce.args[0])
+        reduce.update_arg(0, view)
+        view.replace_all_uses_with(wait, delete_user_cb=lambda u: u is not reduce)
+        view.append(reduce)
+        reduce.append(wait)
+        wait.meta["val"] = view.meta["val"]
+        moved = True
+    return moved
