@@ -38,7 +38,7 @@ from torch import fx
 
 from ..core.context import stat
 from ..core.registry import _builtin
-from ..rewrite.metadata import COPIED_META
+from ..rewrite.metadata import COPIED_META, MetaPropagator
 from ..targets._util import find_path
 from ..targets.export import program_context
 from . import collectives
@@ -48,7 +48,7 @@ from .plan import PlanError, ShardError, ShardPlan
 from .propagate import Flow, Refused
 from .sites import Params, Site, find_sites, target_of
 
-__all__ = ["resolve_rank", "shard_graph", "tensor_parallel"]
+__all__ = ["rank_key", "resolve_rank", "shard_graph", "tensor_parallel"]
 
 aten = torch.ops.aten
 
@@ -175,9 +175,10 @@ def _embedding(site: Site, rank: int, world_size: int, group: str) -> None:
     node.kwargs = {}
 
     def build(graph: fx.Graph) -> fx.Node:
-        outside = graph.call_function(aten.logical_not.default, (inside,))
-        mask = graph.call_function(aten.unsqueeze.default, (outside, -1))
-        zeroed = graph.call_function(aten.masked_fill.Scalar, (node, mask, 0.0))
+        # a product with the mask, not masked_fill: Inductor decomposes masked_fill before
+        # its post-grad passes, where this rewrite may run
+        mask = graph.call_function(aten.unsqueeze.default, (inside, -1))
+        zeroed = graph.call_function(aten.mul.Tensor, (node, mask))
         return collectives.all_reduce(graph, zeroed, group)
 
     _insert_after(node, build)
@@ -280,12 +281,40 @@ def _slice_weights(
     return before, after
 
 
-def repropagate(gm: fx.GraphModule, mode: Any) -> None:
-    """Recompute ``meta['val']`` of every node from the placeholders' values."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+def _spec(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return (tuple(val.shape), tuple(val.stride()), val.dtype)
+    if isinstance(val, (list, tuple)):
+        return tuple(_spec(v) for v in val)
+    return val
 
-    inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
+
+def repropagate(gm: fx.GraphModule, mode: Any, changed: set[fx.Node] | None = None) -> None:
+    """Recompute ``meta['val']`` where it may be stale: nodes without one, and every node
+    downstream of a value whose metadata changed (``changed``: the weights sliced). Results
+    are cached by op and input metadata, so a model's repeated layers cost one layer."""
+    prop = MetaPropagator()
+    prop.fake_mode = mode
+    changed = set(changed or ())
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        stale = "val" not in node.meta or any(a in changed for a in node.all_input_nodes)
+        if not stale:
+            continue
+        old = node.meta.pop("val", None)
+        prop.values([node], {}, node)
+        if "val" not in node.meta:  # the cache and the fake kernel could not say: be strict
+            node.meta["val"] = fake_value(node.target, node.args, node.kwargs, mode=mode)
+        if old is None or _spec(old) != _spec(node.meta["val"]):
+            changed.add(node)
+
+
+def fake_value(target: Any, args: Any, kwargs: Any, *, mode: Any) -> Any:
+    """Run ``target`` on the fake values of its input nodes."""
+    fargs, fkwargs = fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    with mode:
+        return target(*fargs, **fkwargs)
 
 
 # ----- the pass --------------------------------------------------------------------------------
@@ -333,7 +362,7 @@ def _apply(gm, flow: Flow, layouts, rank: int, world_size: int, group: str) -> N
         _gather(value, shard, world_size, group)
     mode = _fake_mode(gm)
     before, after = _slice_weights(gm, layouts, rank, world_size, mode)
-    repropagate(gm, mode)
+    repropagate(gm, mode, set(layouts))
     gm.graph.lint()
     stat("sharded_weights", len(layouts))
     stat("collectives", len(summary))
@@ -366,6 +395,17 @@ def tensor_parallel(
     return True
 
 
+def rank_key(*, world_size: int = 0, rank: int = -1, **_: Any) -> str:
+    """What a rank-dependent pass adds to Inductor's cache key: the rank it will shard for
+    (without it, ranks sharing a cache directory would run each other's compiled code)."""
+    try:
+        world_size, rank = resolve_rank(world_size, rank)
+    except ShardError:
+        return "rank unresolved"
+    return f"rank {rank} of {world_size}"
+
+
+tensor_parallel.cache_key = rank_key
 tensor_parallel.statistics = {
     "sharded_weights": "weights cut across ranks",
     "collectives": "collectives inserted",

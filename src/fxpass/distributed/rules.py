@@ -219,6 +219,17 @@ def _expand(flow: Any, node: fx.Node) -> Any:
     return new
 
 
+@_on(aten.repeat_interleave.self_int)
+def _repeat_interleave(flow: Any, node: fx.Node) -> Any:
+    """GQA's key/value head repeat: repeating every head of a contiguous chunk of heads
+    gives the matching contiguous chunk of the repeated heads."""
+    shard = _sharded_input(flow, node)
+    dim = _arg(node, 2, "dim", None)
+    if dim is None or shard.outer != 1 or shard.parts:
+        raise NotShardable(f"'{node.name}' repeats a sharded value without a plain dim")
+    return shard
+
+
 # ----- slicing, splitting, joining ----------------------------------------------------------
 def _bounds(shard: Shard) -> list[tuple[int, int]]:
     out, start = [], 0

@@ -46,7 +46,7 @@ from ..core.registry import _builtin
 from . import collectives
 from .layout import NotShardable, Shard
 from .plan import ShardError
-from .rewrite import _fake_mode, repropagate, resolve_rank
+from .rewrite import _fake_mode, rank_key, repropagate, resolve_rank
 from .rules import RULES
 from .sites import target_of
 
@@ -181,7 +181,7 @@ class _Scatter:
                 piece = graph.call_function(
                     aten.slice.Tensor, (value, dim, self.rank * size, (self.rank + 1) * size)
                 )
-            piece.meta["val"] = value.meta["val"].narrow(dim, 0, size)
+            piece.meta["val"] = value.meta["val"]  # global until repropagated, like the rest
             self.layouts[piece] = Shard(dim)
             self.sliced[key] = piece
             stat("slices")
@@ -225,12 +225,12 @@ def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
         wait.replace_all_uses_with(local)
         gm.graph.erase_node(wait)
         gm.graph.erase_node(reduce)
-        part = list(full)
-        part[dim] //= world_size
-        local.meta["val"] = value.meta["val"].new_empty(part)
+        local.meta["val"] = value.meta["val"]  # the global value while the walk runs
         seeds[local] = Shard(dim)
     scatter.order = {n: i for i, n in enumerate(gm.graph.nodes)}
     scatter.run(seeds)
+    for node in scatter.layouts:  # now local: recomputed (with what they feed) afterwards
+        node.meta.pop("val", None)
     return len(pairs)
 
 
@@ -251,6 +251,7 @@ def sequence_parallel(gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1
     return True
 
 
+sequence_parallel.cache_key = rank_key
 sequence_parallel.statistics = {
     "reduce_scatters": "all-reduces turned into reduce-scatters",
     "all_gathers": "all-gathers inserted where all tokens are needed",

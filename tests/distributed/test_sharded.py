@@ -1,0 +1,132 @@
+"""Every rank's program computes what the original computed: 2 (and 4) gloo processes on
+127.0.0.1 load their .pt2 file and run it, for the embedded decoder and every tiny Hugging
+Face family, with and without sequence parallelism and the collective fusion.
+
+One spawn per world size runs every case (spawning costs seconds); programs are sharded
+and saved here, in the test process, and each rank only loads and runs its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxpass as fp
+
+from _models import decoder, exported
+
+_hf = pytest.importorskip("_hf")
+from _rank_cases import run_cases  # noqa: E402
+from _spawn import run  # noqa: E402
+
+TOL = 2e-5  # fp32; the ranks' partial sums are added in another order than one matmul's
+CONFIGS = {
+    "tp": {},
+    "tp+fuse": {"fuse": True},
+    "sp": {"sequence_parallel": True},
+    "sp+fuse": {"sequence_parallel": True, "fuse": True},
+}
+
+
+def _model(name: str, world_size: int):
+    """(exported program, inputs, is_hf) of ``name``: the embedded decoder or a family."""
+    if name == "decoder":  # 4 heads, 4 KV heads
+        return exported(dtype=torch.float32), decoder(dtype=torch.float32).example_inputs(), False
+    extra = {"num_key_value_heads": 4} if world_size == 4 else {}
+    return _hf.exported(name, **extra), _hf.example_inputs(), True
+
+
+def _cases(tmp, world_size: int, names, configs) -> list[dict]:
+    cases = []
+    for name in names:
+        ep, inputs, hf = _model(name, world_size)
+        torch.save(inputs, tmp / f"{name}.inputs.pt")
+        torch.save(_rank_cases_logits(ep.module()(*inputs)), tmp / f"{name}.expected.pt")
+        for config in configs:
+            d = tmp / f"{name}-{config}"
+            fp.shard(ep, world_size, **CONFIGS[config]).save(d)
+            cases.append(
+                {
+                    "name": f"{name}-{config}",
+                    "dir": str(d),
+                    "inputs": str(tmp / f"{name}.inputs.pt"),
+                    "expected": str(tmp / f"{name}.expected.pt"),
+                    "hf": hf,
+                }
+            )
+    return cases
+
+
+def _rank_cases_logits(out):
+    from _rank_cases import logits
+
+    return logits(out).detach()
+
+
+#: model -> configurations. The embedded decoder, Llama and Qwen3 with and without sequence
+#: parallelism and the fusion; every other family once (fused projections, biases, other
+#: head widths, soft caps, windows: with the fusion; sandwich norms, experts: with
+#: sequence parallelism, whose gathers and slices they stress). Each case costs an export
+#: and a save here, and a load in each rank, so the list is kept to what adds coverage.
+WORLD2 = {
+    "decoder": list(CONFIGS),
+    "llama": ["tp", "tp+fuse", "sp"],
+    "qwen3": ["tp", "tp+fuse", "sp"],
+    "qwen2": ["tp+fuse"],
+    "mistral": ["tp+fuse"],
+    "phi3": ["tp+fuse"],
+    "gemma2": ["sp"],
+    "qwen3_moe": ["sp"],
+}
+WORLD4 = {"decoder": ["tp", "sp+fuse"], "llama": ["tp"]}
+
+
+#: inside torch.compile: the passes take the rank from torch.distributed, Inductor compiles
+#: the collectives and the fused op (one compilation: they are the slowest cases here)
+COMPILED = {
+    "name": "compiled",
+    "kind": "backend",
+    "pipeline": "tensor_parallel,remove_assert_ops,fuse_allreduce_add_rmsnorm",
+    "compiler": "inductor",
+}
+
+
+def _world(tmp_path_factory, world_size: int, plan: dict, extra=()) -> list:
+    tmp = tmp_path_factory.mktemp(f"world{world_size}")
+    cases = [c for name, configs in plan.items() for c in _cases(tmp, world_size, [name], configs)]
+    return run(run_cases, world_size, [*cases, *extra], timeout=600)
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory):
+    return _world(tmp_path_factory, 2, WORLD2, [COMPILED])
+
+
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory):
+    return _world(tmp_path_factory, 4, WORLD4)
+
+
+@pytest.mark.parametrize("name, config", [(n, c) for n, cs in WORLD2.items() for c in cs])
+def test_two_ranks_compute_the_original(world2, name, config):
+    for rank, results in enumerate(world2):
+        r = results[f"{name}-{config}"]
+        assert r["err"] < TOL, f"rank {rank}: max error {r['err']}"
+
+
+@pytest.mark.parametrize("name, config", [(n, c) for n, cs in WORLD4.items() for c in cs])
+def test_four_ranks_compute_the_original(world4, name, config):
+    for rank, results in enumerate(world4):
+        assert results[f"{name}-{config}"]["err"] < TOL, f"rank {rank}"
+
+
+def test_passes_inside_torch_compile_know_their_rank(world2):
+    for rank, results in enumerate(world2):
+        r = results["compiled"]
+        assert r["err"] < TOL, f"rank {rank}"
+        assert r["stats"]["tensor_parallel.sharded_weights"] == 9  # 7 linears, embedding, head
+        assert r["stats"]["fuse_allreduce_add_rmsnorm.rewrites"] == 2  # after attention, MLP
+
+
+def test_every_family_is_run():
+    assert set(WORLD2) == {"decoder", *_hf.FAMILIES}
