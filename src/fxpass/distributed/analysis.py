@@ -253,12 +253,15 @@ class _Analysis:
             )
             self.decisions[s.weight] = Decision(name, "vocab", s.node.name, reason=reason)
             return
-        detail = [r.what for r in flow.requirements if s in r.sources and r.node is not s.node]
+        detail = sorted(
+            (r for r in flow.requirements if s in r.sources and r.node is not s.node),
+            key=lambda r: r.units,
+        )
         closed = [r.node.name for r in flow.rows if s in flow.sources.get(r.node, ())]
         gathered = [v.name for v, _ in flow.gathers if s in flow.sources.get(v, ())]
         why = [f"column-parallel: reads replicated '{_root(s.input).name}'"]
-        if detail:
-            why.append(detail[0])
+        if detail:  # the tightest cut (heads rather than features)
+            why.append(detail[0].what)
         if closed:
             why.append("closed by row-parallel " + ", ".join(repr(c) for c in closed))
         if gathered:

@@ -48,7 +48,7 @@ from .plan import PlanError, ShardError, ShardPlan
 from .propagate import Flow, Refused
 from .sites import Params, Site, find_sites, target_of
 
-__all__ = ["rank_key", "resolve_rank", "shard_graph", "tensor_parallel"]
+__all__ = ["plan_flow", "rank_key", "resolve_rank", "shard_graph", "tensor_parallel"]
 
 aten = torch.ops.aten
 
@@ -318,6 +318,24 @@ def fake_value(target: Any, args: Any, kwargs: Any, *, mode: Any) -> Any:
 
 
 # ----- the pass --------------------------------------------------------------------------------
+def plan_flow(
+    gm: fx.GraphModule, params: Params, plan: ShardPlan, world_size: int
+) -> tuple[dict[fx.Node, Shard], Flow]:
+    """Check ``plan`` against the graph and follow it: the weights' layouts and the flow.
+    A plan that does not fit raises :class:`PlanError`, an uneven one :class:`ShardError`."""
+    sites = list(find_sites(gm, params))
+    layouts = _site_layouts(plan, gm, params, sites, world_size)
+    weights = {w: s for w, s in layouts.items() if any(x.weight is w for x in sites)}
+    try:
+        flow = Flow(gm, {s.node: s for s in sites}, weights, world_size).run()
+    except Refused as e:
+        raise PlanError(f"the plan does not fit the program: {e}") from None
+    for req in flow.requirements:
+        if req.units % world_size:
+            raise ShardError(f"{req.what}: {req.units} cannot be split across {world_size} ranks")
+    return layouts, flow
+
+
 def shard_graph(
     gm: fx.GraphModule,
     plan: ShardPlan | None,
@@ -333,16 +351,7 @@ def shard_graph(
     params = Params(gm, ctx.signature if ctx is not None else None)
     if plan is None:
         plan = _Analysis(gm, params, world_size, "error").run()
-    sites = list(find_sites(gm, params))
-    layouts = _site_layouts(plan, gm, params, sites, world_size)
-    weights = {w: s for w, s in layouts.items() if any(x.weight is w for x in sites)}
-    try:
-        flow = Flow(gm, {s.node: s for s in sites}, weights, world_size).run()
-    except Refused as e:
-        raise PlanError(f"the plan does not fit the program: {e}") from None
-    for req in flow.requirements:
-        if req.units % world_size:
-            raise ShardError(f"{req.what}: {req.units} cannot be split across {world_size} ranks")
+    layouts, flow = plan_flow(gm, params, plan, world_size)
     _apply(gm, flow, layouts, rank, world_size, group)
     return flow
 

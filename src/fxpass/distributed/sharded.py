@@ -31,10 +31,10 @@ from ..core.registry import REGISTRY
 from ..core.report import Report
 from ..targets.apply import apply
 from ..targets.export import load, save
-from .analysis import analyze, check_world_size
+from .analysis import analyze, check_world_size, graph_and_params
 from .collectives import DEFAULT_GROUP
 from .plan import PlanError, ShardError, ShardPlan
-from .rewrite import tensor_parallel
+from .rewrite import plan_flow, tensor_parallel
 from .sequence_parallel import sequence_parallel as _sequence_parallel
 
 __all__ = ["MANIFEST", "ShardedPrograms", "load_rank", "shard", "weight_bytes"]
@@ -181,7 +181,8 @@ def shard(
     collectives run on the process group named ``group`` (``"0"``: the default group).
 
     A world size of 1 returns the program unchanged (``[program]``, an empty plan); a
-    program with nothing to split raises :class:`ShardError`.
+    program with nothing to split raises :class:`ShardError`, and a plan that does not fit
+    the program :class:`PlanError` (before any rank is made).
     """
     world_size = check_world_size(world_size)
     if isinstance(program, (str, Path)):
@@ -191,6 +192,7 @@ def shard(
     if world_size == 1:
         return ShardedPrograms([program], ShardPlan(1, []), [None], unsharded, options)
     the_plan = _as_plan(plan, program, world_size, uneven)
+    plan_flow(*graph_and_params(program), the_plan, world_size)  # a plan that does not fit
     if not the_plan.sharded:
         raise ShardError(
             f"found no parallel structure to split across {world_size} ranks: no linear or "
