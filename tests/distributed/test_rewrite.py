@@ -158,3 +158,14 @@ def test_inductor_cache_key_depends_on_the_rank():
     assert rank_key(world_size=2, rank=1) == "rank 1 of 2"
     with pytest.raises(ShardError):
         fp.distributed.rewrite.resolve_rank(2, 5)
+
+
+def test_a_graph_module_with_weights_as_attributes():
+    gm = exported(dtype=torch.float32, layers=1).module()  # get_attr weights
+    shards = fp.shard(gm, 2)
+    w = shards[1].get_parameter("layers.0.mlp.down_proj.weight")
+    assert w.shape == (64, 64) and isinstance(w, torch.nn.Parameter)
+    assert gm.get_parameter("layers.0.mlp.down_proj.weight").shape == (64, 128)  # a copy
+    assert shards.rank_bytes(0) * 2 < shards.unsharded_bytes * 1.02
+    with pytest.raises(ShardError, match="save writes .pt2 files"):
+        shards.save("unused")

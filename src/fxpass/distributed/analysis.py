@@ -158,12 +158,9 @@ class _Analysis:
             if s.weight not in self.decisions:
                 self._replicate(s, "its input is replicated and it does not open a group")
         flow = Flow(self.gm, self.by_node, dict(self.weights), self.n, order=self.order).run()
-        decisions = sorted(self.decisions.values(), key=lambda d: self._position(d))
+        position = {n.name: i for n, i in self.order.items()}
+        decisions = sorted(self.decisions.values(), key=lambda d: position.get(d.node, 0))
         return ShardPlan(self.n, decisions, collectives_of(flow))
-
-    def _position(self, d: Decision) -> int:
-        node = next((n for n in self.gm.graph.nodes if n.name == d.node), None)
-        return self.order.get(node, 0)
 
     def _group(self, group: list[Site]) -> None:
         todo = []

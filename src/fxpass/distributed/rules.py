@@ -341,11 +341,10 @@ def _reduce(flow: Any, node: fx.Node, dims: Any, keepdim: bool) -> Any:
     aten.var.correction,
 )
 def _reduction(flow: Any, node: fx.Node) -> Any:
-    keep = (
-        _arg(node, 2, "keepdim", False)
-        if flow.op(node) is not aten.var.correction
-        else (node.kwargs.get("keepdim", False))
-    )
+    if flow.op(node) is aten.var.correction:  # (x, dim, *, correction, keepdim)
+        keep = node.kwargs.get("keepdim", False)
+    else:
+        keep = _arg(node, 2, "keepdim", False)
     return _reduce(flow, node, _arg(node, 1, "dim", None), bool(keep))
 
 

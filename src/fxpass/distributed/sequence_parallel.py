@@ -101,7 +101,7 @@ class _Scatter:
         self.gathered: dict[fx.Node, fx.Node] = {}
         self.sliced: dict[tuple[fx.Node, int], fx.Node] = {}
         self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        self.world_size = world_size
+        self.world_size = world_size  # what the layout rules read
 
     # what rules.pointwise asks of a flow
     def layout(self, arg: Any) -> Any:

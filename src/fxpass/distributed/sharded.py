@@ -109,6 +109,11 @@ class ShardedPrograms(Sequence):
     def save(self, directory: str | Path) -> Path:
         """Write ``rank<r>.pt2`` for every rank and ``manifest.json`` (world size, plan,
         options, and per file its bytes, weight bytes and sha256); returns the manifest."""
+        if not all(isinstance(p, torch.export.ExportedProgram) for p in self.programs):
+            raise ShardError(
+                "save writes .pt2 files, which hold exported programs: shard the "
+                "ExportedProgram (torch.export.export) rather than a GraphModule"
+            )
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         files = []
