@@ -23,6 +23,7 @@ from .core.instrument import Instrumentation, PrintIR, Statistics, Timing
 from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
 from .core.registry import register
 from .core.report import PassRecord, Report
+from .distributed import shard
 from .html import HtmlReport
 from .interpret import InterpreterPass
 from .partition import (
@@ -96,6 +97,7 @@ __all__ = [
     "registry",
     "rewrite",
     "rules",
+    "shard",
     "source_partitions",
     "stat",
     "traced_rule",

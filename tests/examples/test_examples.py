@@ -29,6 +29,12 @@ EXPECTED = {
         "    add = torch.add(x, y)",
         "add = torch.div(x, y)",
     ],
+    "tensor_parallel.py": [
+        "layers.0.self_attn.q_proj.weight: column -- column-parallel",
+        "50.3%",
+        "rank 0 of 2: logits (1, 8, 128), matches one process",
+        "rank 1 of 2: logits (1, 8, 128), matches one process",
+    ],
     "sglang_style.py": [
         "torch.ops.fxpass.fused_add_rmsnorm.default",
         "EraseAsserts",

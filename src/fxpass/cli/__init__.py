@@ -29,6 +29,7 @@ from ._common import (
 )
 from .commands import bisect_cmd, diff, list_cmd, repro, run, show
 from .demo import demo
+from .shard import shard_cmd
 
 __all__ = ["cli", "main"]
 
@@ -61,6 +62,7 @@ _SHORT = {
 for _command, _short in _SHORT.items():
     _command.short_help = _short
     cli.add_command(_command)
+cli.add_command(shard_cmd)
 
 
 def _error(message: str) -> None:

@@ -17,7 +17,10 @@ Gemma3), and ``sandwich_norm=True`` adds Gemma's post-attention / post-MLP norms
 feed the residual add instead of following it. ``qk_norm_transposed=True`` puts the q/k
 norms on the ``(batch, heads, seq, head_dim)`` transposed view instead, with Gemma's
 ``(1 + w)`` weight: their inputs and results are not contiguous, which a fused op must
-respect.
+respect. ``fused_qkv=True`` computes queries, keys and values with one linear layer and
+``fused_gate_up=True`` the MLP's gate and up projections (Phi-3); ``head_size`` sets a
+head width other than ``hidden // heads`` (Qwen3, Gemma). All default off, and then the
+model is the same, weight for weight.
 """
 
 from __future__ import annotations
@@ -51,20 +54,23 @@ class DecoderConfig:
     qk_norm_transposed: bool = False
     dtype: torch.dtype = torch.bfloat16
     rope_theta: float = 10000.0
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    head_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.norm_style not in ("llama", "gemma", "plain"):
             raise ValueError(
                 f"norm_style must be 'llama', 'gemma' or 'plain', not {self.norm_style!r}"
             )
-        if self.hidden % self.heads:
+        if self.head_size is None and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def replace(self, **changes) -> DecoderConfig:
         return dataclasses.replace(self, **changes)
@@ -100,9 +106,13 @@ class _Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, cfg.heads * d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
+        self.sizes = [cfg.heads * d, cfg.kv_heads * d, cfg.kv_heads * d]
+        if cfg.fused_qkv:
+            self.qkv_proj = nn.Linear(cfg.hidden, sum(self.sizes), bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden, cfg.heads * d, bias=False)
+            self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
+            self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
         if cfg.qk_norm or cfg.qk_norm_transposed:
             style = "gemma" if cfg.qk_norm_transposed else cfg.norm_style
@@ -112,9 +122,13 @@ class _Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, cfg.heads, cfg.head_dim)
-        k = self.k_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim)
-        v = self.v_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim)
+        if cfg.fused_qkv:
+            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, s, cfg.heads, cfg.head_dim)
+        k = k.view(b, s, cfg.kv_heads, cfg.head_dim)
+        v = v.view(b, s, cfg.kv_heads, cfg.head_dim)
         if cfg.qk_norm and not cfg.qk_norm_transposed:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -127,18 +141,26 @@ class _Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, cfg.hidden))
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, cfg.heads * cfg.head_dim))
 
 
 class _MLP(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.fused = cfg.fused_gate_up
+        if self.fused:
+            self.gate_up_proj = nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=False)
+        else:
+            self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+            self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class _DecoderLayer(nn.Module):

@@ -12,6 +12,7 @@ for the formulas every kernel follows.
 from __future__ import annotations
 
 from . import reference
+from .collective import all_reduce_add_rmsnorm
 from .norm import (
     fused_add_rmsnorm,
     fused_add_rmsnorm_,
@@ -21,6 +22,7 @@ from .norm import (
 )
 
 __all__ = [
+    "all_reduce_add_rmsnorm",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_",
     "fused_add_rmsnorm_quant",

@@ -208,6 +208,9 @@ def _hash_pass(p: Pass, h: Any) -> None:
     if isinstance(p, FunctionPass):
         h.update(_code_id(p.fn).encode())
         h.update(_stable(sorted(p.options.items())).encode())
+        extra = getattr(p.fn, "cache_key", None)  # what else the pass depends on (a rank)
+        if extra is not None:
+            h.update(f"{extra(**p.options)}\n".encode())
         h.update(f"lowering={p.lowering}\n".encode())
         return
     target = p.obj if isinstance(p, ObjectPass) else p

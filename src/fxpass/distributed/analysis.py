@@ -1,0 +1,322 @@
+"""Find the tensor-parallel structure of a graph, without its model source.
+
+The analysis looks at every linear and embedding site (:mod:`fxpass.distributed.sites`)
+and groups the linear ones by the value they read (looking through reshapes): q, k and v
+read the same normed hidden state, gate and up read the next one. For each group it tries
+the Megatron layout — cut the group's weights along their output features and follow the
+slices forward (:class:`~fxpass.distributed.propagate.Flow`): through head reshapes,
+rotary embeddings, per-head norms, attention (any spelling: SDPA, or matmul + softcap +
+mask + softmax), activations and the gate product, until each slice meets a linear that
+contracts it (row-parallel: its partial sums are all-reduced) or the graph's output
+(all-gathered, as for an lm_head). Where a slice meets an op that cannot take it — a
+router's softmax over the experts, a reduction over the features — the sites it came from
+stay replicated, and the rest of the group is tried again. Fused projections (one linear
+for q/k/v, or gate/up) are recognised by how their output is sliced, and each part is cut
+separately. Embeddings are cut along the vocabulary (masked lookups, then an all-reduce).
+
+Every decision records why: which nodes, which dim, and what the world size must divide.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+from torch import fx
+
+from .layout import Shard
+from .plan import Decision, ShardError, ShardPlan
+from .propagate import Flow, Refused, Requirement
+from .sites import Params, Site, find_sites, target_of
+
+__all__ = ["analyze", "check_world_size", "collectives_of", "graph_and_params"]
+
+aten = torch.ops.aten
+
+_SAME_VALUE = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.view_copy.default,
+    aten.alias.default,
+    aten.clone.default,
+    aten.contiguous.default,
+    aten.unsqueeze.default,
+}
+_SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default}
+
+
+def check_world_size(world_size: Any) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ShardError(
+            f"world size must be a positive integer (the number of ranks), not {world_size!r}"
+        )
+    return world_size
+
+
+def graph_and_params(program: Any) -> tuple[fx.GraphModule, Params]:
+    """The graph module of an ExportedProgram or GraphModule, and its weights."""
+    if isinstance(program, torch.export.ExportedProgram):
+        return program.graph_module, Params(program.graph_module, program.graph_signature)
+    if isinstance(program, fx.GraphModule):
+        return program, Params(program)
+    raise TypeError(
+        "sharding takes a torch.export.ExportedProgram (or a .pt2 file loaded with "
+        f"torch.export.load) or a torch.fx.GraphModule, got {type(program).__name__}"
+    )
+
+
+def _root(node: Any) -> Any:
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        if target_of(node) not in _SAME_VALUE:
+            break
+        node = node.args[0]
+    return node
+
+
+def _last_dim(node: fx.Node, dim: Any) -> bool:
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    return val is not None and dim in (-1, val.dim() - 1)
+
+
+def _pieces(value: fx.Node, features: int) -> list[tuple[int, int]] | None:
+    """The [start, end) ranges of the last dim that ``value``'s users take, or None when a
+    user takes all of it."""
+    out: list[tuple[int, int]] = []
+    for user in value.users:
+        op = target_of(user) if user.op == "call_function" else None
+        val = user.meta.get("val")
+        if op in _SAME_VALUE and isinstance(val, torch.Tensor) and val.shape[-1] == features:
+            sub = _pieces(user, features)
+            if sub is None:
+                return None
+            out += sub
+        elif op is aten.slice.Tensor and _last_dim(user, user.args[1]):
+            start = user.args[2] if len(user.args) > 2 else 0
+            end = min(user.args[3] if len(user.args) > 3 else features, features)
+            if len(user.args) > 4 and user.args[4] != 1:
+                return None
+            out.append((start, end))
+        elif op in _SPLITS and _last_dim(user, user.args[2] if len(user.args) > 2 else 0):
+            start = 0
+            for piece in val:
+                out.append((start, start + int(piece.shape[-1])))
+                start += int(piece.shape[-1])
+        else:
+            return None
+    return out
+
+
+def fused_parts(site: Site) -> tuple[int, ...]:
+    """The parts a fused projection's output is sliced into (q/k/v, gate/up), or ()."""
+    features = site.out_features
+    pieces = _pieces(site.node, features)
+    if not pieces:
+        return ()
+    ranges = sorted(set(pieces))
+    if ranges[0][0] != 0 or ranges[-1][1] != features or len(ranges) < 2:
+        return ()
+    for (_, end), (start, _) in itertools.pairwise(ranges):
+        if end != start:
+            return ()
+    return tuple(end - start for start, end in ranges)
+
+
+def _layer(params: Params, site: Site) -> str:
+    name = params.name(site.weight)
+    parts = name.split(".")
+    return ".".join(parts[:-2]) if len(parts) > 2 else name
+
+
+class _Analysis:
+    def __init__(self, gm: fx.GraphModule, params: Params, world_size: int, uneven: str):
+        self.gm, self.params, self.n, self.uneven = gm, params, world_size, uneven
+        self.sites = list(find_sites(gm, params))
+        self.by_node = {s.node: s for s in self.sites}
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.weights: dict[fx.Node, Shard] = {}
+        self.decisions: dict[fx.Node, Decision] = {}
+        self.parts = {s: fused_parts(s) if s.kind == "linear" else () for s in self.sites}
+
+    def _foreign_user(self, weight: fx.Node) -> fx.Node | None:
+        """A user of ``weight`` that is not one of its sites (it would read a slice)."""
+        inside = {s.node for s in self.sites} | {p for s in self.sites for p in s.path}
+        return next((u for u in weight.users if u not in inside), None)
+
+    def groups(self) -> list[list[Site]]:
+        by_root: dict[Any, list[Site]] = {}
+        for s in self.sites:
+            key = ("embedding", s.weight) if s.kind == "embedding" else _root(s.input)
+            by_root.setdefault(key, []).append(s)
+        return list(by_root.values())
+
+    def run(self) -> ShardPlan:
+        for group in self.groups():
+            self._group(group)
+        for s in self.sites:  # sites no group reached (their input was never sharded)
+            if s.weight not in self.decisions:
+                self._replicate(s, "its input is replicated and it does not open a group")
+        flow = Flow(self.gm, self.by_node, dict(self.weights), self.n, order=self.order).run()
+        position = {n.name: i for n, i in self.order.items()}
+        decisions = sorted(self.decisions.values(), key=lambda d: position.get(d.node, 0))
+        return ShardPlan(self.n, decisions, collectives_of(flow))
+
+    def _group(self, group: list[Site]) -> None:
+        todo = []
+        for s in group:
+            if s.weight in self.decisions:
+                continue
+            user = self._foreign_user(s.weight)
+            if user is not None:
+                self._replicate(s, f"the weight is also read by '{user.name}' ({target_of(user)})")
+            else:
+                todo.append(s)
+        while todo:
+            try:
+                flow = self._trial(todo)
+            except Refused as r:
+                bad = [s for s in todo if s in r.sources] or list(todo)
+                for s in bad:
+                    style = "vocab" if s.kind == "embedding" else "column"
+                    self._replicate(s, f"not {style}-parallel: {r}")
+                todo = [s for s in todo if s not in bad]
+                continue
+            if self._uneven(flow, todo):
+                continue
+            self._record(flow, todo)
+            return
+
+    def _trial(self, todo: list[Site]) -> Flow:
+        weights = {s.weight: Shard(0, parts=self.parts[s]) for s in todo}
+        flow = Flow(self.gm, self.by_node, weights, self.n, discover=True, order=self.order)
+        for s in todo:
+            for p in self.parts[s] or (s.out_features,):
+                what = f"'{self.params.name(s.weight)}' has {p} " + (
+                    "rows" if s.kind == "embedding" else "output features"
+                )
+                flow.requirements.append(Requirement(s.node, p, what, frozenset({s})))
+        flow.run()
+        for row in flow.rows:
+            if row.weight in self.decisions or self._foreign_user(row.weight) is not None:
+                raise Refused(
+                    row.node, f"'{row.node.name}' cannot be row-parallel", frozenset(todo)
+                )
+        return flow
+
+    def _uneven(self, flow: Flow, todo: list[Site]) -> bool:
+        for req in flow.requirements:
+            if req.units % self.n == 0:
+                continue
+            site = next(iter(req.sources), todo[0])
+            layer = _layer(self.params, site)
+            if self.uneven == "error":
+                raise ShardError(
+                    f"cannot split {layer} evenly across {self.n} ranks: {req.what} "
+                    f"({req.units} is not a multiple of {self.n}); use a world size that "
+                    f"divides {req.units}, or keep it whole with uneven='replicate'"
+                )
+            for s in todo:
+                self._replicate(s, f"uneven: {req.what}, not a multiple of {self.n}")
+            todo.clear()
+            return True
+        return False
+
+    def _record(self, flow: Flow, todo: list[Site]) -> None:
+        self.weights.update(flow.weights)
+        for s in todo:
+            self._decide(s, flow)
+        for row in flow.rows:
+            cols = sorted({c.node.name for c in flow.sources.get(row.node, ())})
+            self.decisions[row.weight] = Decision(
+                self.params.name(row.weight),
+                "row",
+                row.node.name,
+                parts=list(flow.weights[row.weight].parts),
+                bias=self.params.name(row.bias) if row.bias is not None else None,
+                reason=(
+                    f"row-parallel: reads '{row.input.name}' cut along its features (from "
+                    f"{', '.join(repr(c) for c in cols)}); all-reduce after '{row.node.name}'"
+                ),
+            )
+
+    def _decide(self, s: Site, flow: Flow) -> None:
+        name = self.params.name(s.weight)
+        if s.kind == "embedding":
+            rows = s.out_features
+            reason = (
+                f"vocab-parallel: each rank looks up {rows // self.n} of {rows} rows; the masked "
+                f"lookups are all-reduced after '{s.node.name}'"
+            )
+            self.decisions[s.weight] = Decision(name, "vocab", s.node.name, reason=reason)
+            return
+        detail = sorted(
+            (r for r in flow.requirements if s in r.sources and r.node is not s.node),
+            key=lambda r: r.units,
+        )
+        closed = [r.node.name for r in flow.rows if s in flow.sources.get(r.node, ())]
+        gathered = [v.name for v, _ in flow.gathers if s in flow.sources.get(v, ())]
+        why = [f"column-parallel: reads replicated '{_root(s.input).name}'"]
+        if detail:  # the tightest cut (heads rather than features)
+            why.append(detail[0].what)
+        if closed:
+            why.append("closed by row-parallel " + ", ".join(repr(c) for c in closed))
+        if gathered:
+            why.append("all-gathered before the graph returns " + ", ".join(map(repr, gathered)))
+        self.decisions[s.weight] = Decision(
+            name,
+            "column",
+            s.node.name,
+            parts=list(self.parts[s]),
+            bias=self.params.name(s.bias) if s.bias is not None else None,
+            reason="; ".join(why),
+        )
+
+    def _replicate(self, s: Site, reason: str) -> None:
+        if s.weight in self.decisions:
+            return
+        self.decisions[s.weight] = Decision(
+            self.params.name(s.weight), "replicate", s.node.name, reason=f"replicated: {reason}"
+        )
+
+
+def collectives_of(flow: Flow) -> list[dict[str, Any]]:
+    """The collectives a flow implies, with the global shape and bytes of each."""
+    out = []
+
+    def entry(op: str, node: fx.Node, **extra: Any) -> dict[str, Any]:
+        val = node.meta.get("val")
+        shape = list(val.shape) if isinstance(val, torch.Tensor) else []
+        nbytes = val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
+        return {"op": op, "node": node.name, "shape": shape, "bytes": int(nbytes), **extra}
+
+    for s in flow.embeddings:
+        out.append(entry("all_reduce", s.node))
+    for s in flow.partial:
+        out.append(entry("all_reduce", s.node))
+    for value, shard in flow.gathers:
+        out.append(entry("all_gather", value, dim=shard.dim))
+    order = flow.order or {}
+    names = {n.name: n for n in order}
+    out.sort(key=lambda c: order.get(names.get(c["node"]), 0))
+    return out
+
+
+def analyze(
+    program: torch.export.ExportedProgram | fx.GraphModule,
+    world_size: int,
+    *,
+    uneven: str = "error",
+) -> ShardPlan:
+    """Find the tensor-parallel structure of ``program`` and return the plan for
+    ``world_size`` ranks (see the module docstring).
+
+    ``uneven="error"`` (the default) refuses a group whose heads, features or rows the
+    world size does not divide, naming the layer and the numbers; ``"replicate"`` keeps
+    such groups whole instead.
+    """
+    world_size = check_world_size(world_size)
+    if uneven not in ("error", "replicate"):
+        raise ValueError(f"uneven must be 'error' or 'replicate', not {uneven!r}")
+    gm, params = graph_and_params(program)
+    return _Analysis(gm, params, world_size, uneven).run()

@@ -1,0 +1,108 @@
+"""``fuse_allreduce_add_rmsnorm``: all-reduce, residual add and RMSNorm become one op.
+
+After tensor-parallel sharding every layer ends the same way: the row-parallel projection's
+partial sums are all-reduced, added to the residual stream, and the sum is normalized for
+the next block. This pass fuses the three into ``fxpass::all_reduce_add_rmsnorm``
+(:mod:`fxpass.ops.collective`), as vLLM and TensorRT-LLM do on GPUs. The norm may be
+spelled any way the norm fusions recognize, or already be fused with the add
+(``fxpass::fused_add_rmsnorm``, from ``fuse_add_rmsnorm``); an all-reduce followed by
+reshapes is first moved below them. Only a sum all-reduce whose result feeds nothing but
+the add is fused; the process group travels with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..core.registry import _builtin
+from ..passes.fusion._norm_patterns import ADD, add_ok, norm_ok, rms_norm, scalars
+from ..rewrite.driver import rewrite
+from ..rewrite.pattern import P
+from ..rewrite.rule import Rule, RuleSet
+from .collectives import C10D, sink_below_views, sum_all_reduces
+
+__all__ = ["RULES", "fuse_allreduce_add_rmsnorm"]
+
+_FUSED = torch.ops.fxpass.fused_add_rmsnorm.default
+
+
+def _reduced(name: str) -> Any:
+    """``wait_tensor(all_reduce(partial, "sum", group))``, the root named ``name``."""
+    reduce = P(C10D.all_reduce.default, P.node("partial"), "sum", P.const("group"))
+    return P(C10D.wait_tensor.default, reduce).named(name)
+
+
+def _fused(partial, residual, w, eps, group, offset=0.0) -> tuple[Any, Any]:
+    out = torch.ops.fxpass.all_reduce_add_rmsnorm.default(
+        partial, residual, w, *scalars(eps, offset), group
+    )
+    return out[0], out[1]
+
+
+def _from_fused(partial, residual, w, eps, offset, group) -> Any:
+    return torch.ops.fxpass.all_reduce_add_rmsnorm.default(
+        partial, residual, w, *scalars(eps, offset), group
+    )
+
+
+def _is_add_norm(**b: Any) -> bool:
+    b["x"], b["x_in"] = b["sum"], b["x"]
+    ok = norm_ok(b)
+    b["x"] = b.pop("x_in")
+    return ok and add_ok(b)
+
+
+def _same(**b: Any) -> bool:
+    return add_ok({"x": b["x"], "residual": b["residual"], "sum": b["x"]})
+
+
+_ADD_NORM = Rule(
+    rms_norm(P(ADD, _reduced("x"), P.node("residual")).named("sum"), fused=True),
+    _fused,
+    name="all_reduce_add_rms_norm",
+    outputs=["sum"],
+    where=_is_add_norm,
+)
+
+
+def _on_fused(first: Any, second: Any, name: str) -> Rule:
+    pattern = P(_FUSED, first, second, P.node("w"), P.const("eps"), P.const("offset"))
+    return Rule(pattern, _from_fused, name=name, where=_same)
+
+
+RULES = RuleSet(
+    "fuse_allreduce_add_rmsnorm",
+    [
+        _ADD_NORM,
+        _on_fused(_reduced("x"), P.node("residual"), "all_reduce_fused_add_rms_norm"),
+        _on_fused(P.node("residual"), _reduced("x"), "fused_add_rms_norm_of_all_reduce"),
+    ],
+    once=True,
+)
+
+
+@_builtin("fuse_allreduce_add_rmsnorm")
+def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule) -> bool:
+    """Fuse a sum all-reduce, the residual add it feeds and the RMSNorm of the sum into
+    ``fxpass::all_reduce_add_rmsnorm(partial, residual, w, eps, weight_offset, group)``.
+
+    Before / after::
+
+        %ar = _c10d_functional.all_reduce(%partial, "sum", "0")
+        %x = _c10d_functional.wait_tensor(%ar)
+        %sum = aten.add(%x, %residual)
+        %out = <RMSNorm of %sum with %w>
+                        ->  %f = fxpass.all_reduce_add_rmsnorm(%partial, %residual, %w,
+                                                                1e-06, 0.0, "0")
+                            %out = getitem(%f, 0)      # the sum's other users read %f[1]
+    """
+    sunk = [sink_below_views(*pair) for pair in sum_all_reduces(gm)]
+    return rewrite(gm, RULES, once=True).modified or any(sunk)
+
+
+fuse_allreduce_add_rmsnorm.statistics = {
+    "rewrites": "all-reduces fused with the residual add and norm after them",
+}

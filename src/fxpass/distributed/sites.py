@@ -1,0 +1,154 @@
+"""Where a graph multiplies by its weights: linear and embedding sites, in every IR spelling.
+
+A *site* is one use of a 2-D weight: ``x @ W.T (+ b)`` or ``W[ids]``. Export keeps
+``aten.linear``; core ATen, AOTAutograd and Inductor graphs spell it
+``mm(x, permute(W, [1, 0]))`` or ``addmm(b, x, t(W))``; torch-level code may write
+``matmul(x, W.t())``. ExecuTorch Edge ops are read as the ATen ops they wrap. The weights
+are found from the graph alone — placeholders (parameters of an ExportedProgram, or graph
+inputs of an AOT graph) and ``get_attr`` tensors — never from module names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.export.graph_signature import ExportGraphSignature, InputKind
+
+from ..fxutil.dialect import aten_op
+
+__all__ = ["Params", "Site", "find_sites", "target_of"]
+
+aten = torch.ops.aten
+
+_TRANSPOSES = {aten.permute.default, aten.t.default, aten.transpose.int}
+
+
+def target_of(node: fx.Node) -> Any:
+    """The ATen op a call_function node runs (Edge ops read as ATen), else its target."""
+    return aten_op(node.target) if node.op == "call_function" else node.target
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+class Params:
+    """Which nodes of a graph are weights, and their names.
+
+    With an ExportedProgram's signature, parameters, buffers and constant tensors are
+    weights and are named by their state-dict key; without one (an AOT graph, a traced
+    module) every placeholder and ``get_attr`` tensor may be, named after the node.
+    """
+
+    def __init__(self, gm: fx.GraphModule, signature: ExportGraphSignature | None = None):
+        self.gm = gm
+        self._names: dict[str, str] = {}
+        self._user: set[str] = set()
+        if signature is not None:
+            for spec in signature.input_specs:
+                name = getattr(spec.arg, "name", None)
+                if name is None:
+                    continue
+                if spec.kind in (InputKind.USER_INPUT, InputKind.TOKEN):
+                    self._user.add(name)
+                elif spec.target is not None:
+                    self._names[name] = spec.target
+
+    def is_weight(self, node: Any) -> bool:
+        if not isinstance(node, fx.Node) or node.op not in ("placeholder", "get_attr"):
+            return False
+        if node.name in self._user:
+            return False
+        return isinstance(_val(node), torch.Tensor) or node.op == "get_attr"
+
+    def name(self, node: fx.Node) -> str:
+        """The weight's state-dict key (or the node's name when there is none)."""
+        if node.op == "get_attr":
+            return str(node.target)
+        return self._names.get(node.name, node.name)
+
+    def by_name(self) -> dict[str, fx.Node]:
+        return {self.name(n): n for n in self.gm.graph.nodes if self.is_weight(n)}
+
+
+@dataclass(eq=False)
+class Site:
+    """One use of a 2-D weight. ``node`` computes the result, ``input`` is the activation
+    (token ids for an embedding), ``path`` the transposes between the weight and ``node``."""
+
+    kind: str  # "linear" or "embedding"
+    node: fx.Node
+    input: fx.Node
+    weight: fx.Node
+    bias: fx.Node | None = None
+    path: tuple[fx.Node, ...] = ()
+
+    @property
+    def out_features(self) -> int:
+        return int(_val(self.weight).shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(_val(self.weight).shape[1])
+
+    def __repr__(self) -> str:
+        return f"Site({self.kind} {self.node.name}: {self.weight.name})"
+
+
+def _transposed_weight(node: Any, params: Params) -> tuple[fx.Node, fx.Node] | None:
+    """``W`` when ``node`` is ``W.T`` (permute [1, 0], t, transpose 0 1) of a 2-D weight."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    op = target_of(node)
+    if op not in _TRANSPOSES:
+        return None
+    w = node.args[0]
+    if op is aten.permute.default and list(node.args[1]) != [1, 0]:
+        return None
+    if op is aten.transpose.int and sorted(d % 2 for d in node.args[1:3]) != [0, 1]:
+        return None
+    if not params.is_weight(w) or _val(w) is None or _val(w).dim() != 2:
+        return None
+    return w, node
+
+
+def _weight_2d(node: Any, params: Params) -> bool:
+    return params.is_weight(node) and _val(node) is not None and _val(node).dim() == 2
+
+
+def _bias_1d(node: Any, params: Params) -> bool:
+    return params.is_weight(node) and _val(node) is not None and _val(node).dim() == 1
+
+
+def _site(node: fx.Node, params: Params) -> Site | None:
+    op = target_of(node)
+    args = node.args
+    if op is aten.linear.default and _weight_2d(args[1], params):
+        bias = args[2] if len(args) > 2 else node.kwargs.get("bias")
+        if bias is not None and not _bias_1d(bias, params):
+            return None
+        return Site("linear", node, args[0], args[1], bias)
+    if op in (aten.mm.default, aten.matmul.default):
+        found = _transposed_weight(args[1], params)
+        if found is not None:
+            return Site("linear", node, args[0], found[0], None, (found[1],))
+    if op is aten.addmm.default and not node.kwargs:
+        found = _transposed_weight(args[2], params)
+        if found is not None and _bias_1d(args[0], params):
+            return Site("linear", node, args[1], found[0], args[0], (found[1],))
+    if op is aten.embedding.default and _weight_2d(args[0], params):
+        return Site("embedding", node, args[1], args[0])
+    return None
+
+
+def find_sites(gm: fx.GraphModule, params: Params) -> Iterator[Site]:
+    """Every linear and embedding site of ``gm``, in graph order."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            site = _site(node, params)
+            if site is not None:
+                yield site

@@ -1,0 +1,61 @@
+"""What each rank runs in the distributed tests (imported in the spawned processes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import fxpass
+from fxpass.distributed import load_rank
+
+C10D = "_c10d_functional"
+
+
+def logits(out: Any) -> torch.Tensor:
+    """The logits of a decoder's output: a tensor, a tuple, or a Hugging Face output."""
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return getattr(out, "logits", out)
+
+
+def _ops(gm: torch.fx.GraphModule) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and (C10D in str(n.target) or "fxpass" in str(n.target)):
+            name = str(n.target).split(".")[-2]
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _loaded(case: dict[str, Any]) -> dict[str, Any]:
+    program = load_rank(case["dir"])
+    (ids,) = torch.load(case["inputs"])
+    expected = torch.load(case["expected"])
+    out = logits(program.module()(ids))
+    return {"err": (out - expected).abs().max().item(), "ops": _ops(program.graph_module)}
+
+
+def _backend(case: dict[str, Any]) -> dict[str, Any]:
+    """The tensor_parallel pass inside torch.compile: it takes the rank from the group."""
+    from fxpass.models.llama import build_decoder
+
+    model = build_decoder(layers=1, dtype=torch.float32)
+    (ids,) = model.example_inputs()
+    be = fxpass.backend(case["pipeline"], ir="aten", compiler=case["compiler"])
+    with torch.no_grad():  # an inference graph: sharding a training graph is not supported
+        expected = model(ids)
+        out = torch.compile(model, backend=be)(ids)
+    stats = be.reports[0].stats() if be.reports else {}
+    return {"err": (out - expected).abs().max().item(), "stats": stats}
+
+
+def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    if any(c.get("hf") for c in cases):  # what loading Hugging Face programs needs
+        import transformers.integrations.moe
+        import transformers.modeling_outputs  # noqa: F401  (their outputs' pytree nodes)
+    results = {}
+    for case in cases:
+        kind = case.get("kind", "loaded")
+        results[case["name"]] = _backend(case) if kind == "backend" else _loaded(case)
+    return results

@@ -1,0 +1,171 @@
+"""The sharding rewrite: weights sliced to 1/N, head counts rewritten, collectives inserted,
+meta['val'] consistent; plans that do not fit are one-line errors; the pass is a pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _shard_helpers import C10D, assert_vals_consistent, count, sharded
+
+import fxpass as fp
+from fxpass.distributed import PlanError, ShardError, analyze, weight_bytes
+from fxpass.distributed.rewrite import rank_key
+from fxpass.targets.inductor import inductor_pass
+
+from _models import exported
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sharded_weights_hold_one_nth_of_their_bytes(world_size):
+    ep = exported(dtype=torch.float32)
+    shards = sharded(world_size)
+    plan = shards.plan
+    cut = {d.param for d in plan.sharded}
+    whole = sum(ep.state_dict[k].numel() * 4 for k in cut)
+    rest = weight_bytes(ep) - whole
+    for rank, program in enumerate(shards):
+        mine = sum(program.state_dict[k].numel() * 4 for k in cut)
+        assert mine * world_size == whole
+        assert shards.rank_bytes(rank) == mine + rest  # replicated weights stay whole
+        for k in set(ep.state_dict) - cut:
+            assert torch.equal(program.state_dict[k], ep.state_dict[k])
+    assert f"{weight_bytes(ep):,}" in str(shards)
+
+
+def test_rank_zero_holds_the_first_rows_and_the_head_counts_are_local():
+    ep = exported(dtype=torch.float32)
+    r0, r1 = sharded(2)
+    q = "layers.0.self_attn.q_proj.weight"
+    assert torch.equal(torch.cat([r0.state_dict[q], r1.state_dict[q]]), ep.state_dict[q])
+    o = "layers.0.self_attn.o_proj.weight"
+    assert torch.equal(torch.cat([r0.state_dict[o], r1.state_dict[o]], 1), ep.state_dict[o])
+    views = [n.args[1] for n in r0.graph.nodes if n.target is aten.view.default]
+    assert [1, 8, 2, 16] in views and [1, 8, 4, 16] not in views  # 2 of the 4 heads
+
+
+def test_collectives_and_metadata():
+    program = sharded(2)[0]
+    gm = program.graph_module
+    assert count(gm, C10D.all_reduce.default) == 5  # embedding + 2 per layer
+    assert count(gm, C10D.all_gather_into_tensor.default) == 1  # the logits
+    assert count(gm, C10D.wait_tensor.default) == 6
+    assert_vals_consistent(program)
+    out = program.graph_module.graph.output_node().args[0][0]
+    assert tuple(out.meta["val"].shape) == (1, 8, 128)
+
+
+def test_the_pass_runs_from_a_pipeline_spec_and_reports_memory():
+    ep = exported(dtype=torch.float32)
+    result = fp.apply(ep, "tensor_parallel{world_size=2,rank=1}")
+    stats = result.report.stats()
+    assert (
+        stats["tensor_parallel.weight_bytes_rank"] * 2
+        == stats["tensor_parallel.weight_bytes_unsharded"]
+    )
+    assert torch.equal(
+        result.program.state_dict["lm_head.weight"], sharded(2)[1].state_dict["lm_head.weight"]
+    )
+    assert "weight_bytes_rank" in str(result.report)
+
+
+def test_world_size_one_is_a_no_op():
+    ep = exported(dtype=torch.float32)
+    assert not fp.apply(ep, "tensor_parallel{world_size=1,rank=0}").modified
+    shards = fp.shard(ep, 1)
+    assert shards[0] is ep and len(shards) == 1 and not shards.plan.decisions
+
+
+def test_rank_must_be_in_the_world_and_known():
+    ep = exported(dtype=torch.float32, layers=1)
+    with pytest.raises(fp.PassFailedError, match="rank 2 is not in a world of size 2"):
+        fp.apply(ep, "tensor_parallel{world_size=2,rank=2}")
+    with pytest.raises(fp.PassFailedError, match="needs world_size and rank"):
+        fp.apply(ep, "tensor_parallel")  # no process group here
+
+
+def _edited(data, which, **changes):
+    for d in data["decisions"]:
+        if d["param"] == which:
+            d.update(changes)
+    return data
+
+
+def _head_node():
+    return sharded(2).plan["lm_head.weight"].node
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"param": "head.weight"}, "names the weight 'head.weight'"),
+        ({"node": "mm_99"}, "has no node 'mm_99'"),
+        ({"node": "embedding"}, "'embedding' does not use 'lm_head.weight' as a weight"),
+    ],
+)
+def test_plans_that_do_not_fit_the_program(change, message):
+    plan = _edited(sharded(2).plan.to_dict(), "lm_head.weight", **change)
+    with pytest.raises(PlanError, match=message) as e:
+        fp.shard(exported(dtype=torch.float32), 2, plan=plan)
+    assert "\n" not in str(e.value)
+
+
+def test_a_style_the_site_cannot_take():
+    plan = _edited(sharded(2).plan.to_dict(), "embed_tokens.weight", style="column")
+    with pytest.raises(PlanError, match="read by a embedding, which cannot be column"):
+        fp.shard(exported(dtype=torch.float32), 2, plan=plan)
+
+
+def test_an_inconsistent_edit_is_refused_and_the_program_left_alone():
+    ep = exported(dtype=torch.float32)
+    data = sharded(2).plan.to_dict()
+    for d in data["decisions"]:
+        if d["param"] == "layers.0.self_attn.q_proj.weight":
+            d.update(style="replicate", dim=None)  # k and v still cut: attention cannot run
+    with pytest.raises(PlanError, match="the plan does not fit the program: 'bmm' combines"):
+        fp.shard(ep, 2, plan=data)  # core ATen's attention: q replicated, k cut
+
+
+def test_a_failing_rewrite_leaves_the_program_alone():
+    ep = exported(dtype=torch.float32)
+    before = {k: v.clone() for k, v in ep.state_dict.items()}
+    graph = str(ep.graph)
+    with pytest.raises(fp.PassFailedError):
+        fp.apply(ep, "tensor_parallel{world_size=2,rank=0},sequence_parallel{world_size=3,rank=0}")
+    assert str(ep.graph) == graph
+    assert all(torch.equal(before[k], v) for k, v in ep.state_dict.items())
+
+
+def test_a_plan_for_another_world_size():
+    with pytest.raises(PlanError, match="made for world size 2, not 4"):
+        fp.shard(exported(dtype=torch.float32), 4, plan=sharded(2).plan)
+
+
+def test_replicating_the_mlps_by_editing_the_plan():
+    data = analyze(exported(dtype=torch.float32), 2).to_dict()
+    for d in data["decisions"]:
+        if ".mlp." in d["param"]:
+            d.update(style="replicate", dim=None)
+    program = fp.shard(exported(dtype=torch.float32), 2, plan=data)[0]
+    assert count(program.graph_module, C10D.all_reduce.default) == 3  # embedding, attention
+    assert program.state_dict["layers.0.mlp.up_proj.weight"].shape == (128, 64)
+
+
+def test_inductor_cache_key_depends_on_the_rank():
+    keys = {inductor_pass(f"tensor_parallel{{world_size=2,rank={r}}}").uuid() for r in (0, 1)}
+    assert len(keys) == 2
+    assert rank_key(world_size=2, rank=1) == "rank 1 of 2"
+    with pytest.raises(ShardError):
+        fp.distributed.rewrite.resolve_rank(2, 5)
+
+
+def test_a_graph_module_with_weights_as_attributes():
+    gm = exported(dtype=torch.float32, layers=1).module()  # get_attr weights
+    shards = fp.shard(gm, 2)
+    w = shards[1].get_parameter("layers.0.mlp.down_proj.weight")
+    assert w.shape == (64, 64) and isinstance(w, torch.nn.Parameter)
+    assert gm.get_parameter("layers.0.mlp.down_proj.weight").shape == (64, 128)  # a copy
+    assert shards.rank_bytes(0) * 2 < shards.unsharded_bytes * 1.02
+    with pytest.raises(ShardError, match="save writes .pt2 files"):
+        shards.save("unused")
