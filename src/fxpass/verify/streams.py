@@ -65,7 +65,8 @@ _GRAPH_START = 1  # the tick on stream 0 at which the caller's tensors were writ
 class StreamViolation:
     """One unsafe spot of a schedule: its ``kind`` (see the module docs), a sentence naming
     the nodes involved, and their names. ``stream`` and ``subjects`` say where a fix goes
-    (for ``freed_early``: the reading node, the tensor it read, on ``stream``)."""
+    (for ``freed_early``: the reading node, the tensor it read and the value whose memory
+    that is, on ``stream``)."""
 
     kind: str
     message: str
@@ -449,7 +450,7 @@ class _Replay:
                 at,
                 acc.node,
                 stream=acc.stream,
-                subjects=(acc.node, acc.via or root),
+                subjects=(acc.node, acc.via or root, root),
             )
 
 
