@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .capture import Hunk, PassChange
+from .streams import render_lanes
 from .svg import render_svg
 
 __all__ = ["render_html", "write_html"]
@@ -250,6 +251,7 @@ def render_html(
     numerics: Sequence[Any] = (),
     final_numerics: Any = None,
     info: dict[str, Any] | None = None,
+    lanes: Any = None,
 ) -> str:
     """The report as one HTML document (a string).
 
@@ -257,7 +259,8 @@ def render_html(
     :attr:`GraphRecorder.changes <fxpass.html.GraphRecorder.changes>`, ``numerics`` the
     :attr:`NumericsCheck.results <fxpass.verify.NumericsCheck.results>`, ``final_numerics``
     a :class:`~fxpass.verify.Comparison` of the final outputs, ``info`` extra key/values for
-    the header (target, command, ...).
+    the header (target, command, ...), ``lanes`` the streams of the final graph
+    (:func:`~fxpass.html.stream_lanes`) when it has stream ops.
     """
     details: dict[str, Any] = {}
     anchors: dict[str, str] = {}
@@ -287,6 +290,8 @@ def render_html(
         body.extend(f"<p class='failed'>suppressed: {_e(s)}</p>" for s in report.suppressed)
     if numerics or final_numerics is not None:
         body.append(_numerics_section(numerics, final_numerics))
+    if lanes is not None:
+        body.append(render_lanes(lanes))
     body.append(
         "<h2 id='changes'>Changes</h2><p class='legend'>"
         "<span class='badge b-new'>new</span><span class='badge b-removed'>removed</span>"
