@@ -15,7 +15,7 @@ int stream)``                       memory is not reused until that work is done
 Streams and events are small integers. Stream ``0`` is the *main* stream: the stream that was
 current when the graph started (under CUDA-graph capture, the capture stream), and
 ``set_stream(0)`` goes back to it. Other numbers name side streams, and event numbers name
-events, from a per-process table (per device), created on first use. All four return nothing
+events, from a table per process and thread (per device), created on first use. All four return nothing
 and are registered as side-effectful (``torch.fx.node.has_side_effect``), so no dead-code
 elimination removes them. Tracing (``torch.export``, ``run_decompositions``, ``make_fx``)
 replays a graph in order, so they keep their place there and in saved ``.pt2`` files.
@@ -58,14 +58,16 @@ __all__ = [
 
 # ----- the per-process table of CUDA streams and events ------------------------------------
 class _State(threading.local):
+    """Per thread, so that threads running scheduled graphs at once do not share events."""
+
     def __init__(self) -> None:
         self.main: Any = None  # the stream to go back to, while a side stream is current
         self.trace: list[tuple[Any, ...]] | None = None
+        self.streams: dict[tuple[int, int], Any] = {}  # (device, number) -> side stream
+        self.events: dict[tuple[int, int], Any] = {}  # (device, number) -> event
 
 
 _STATE = _State()
-_STREAMS: dict[tuple[int, int], Any] = {}
-_EVENTS: dict[tuple[int, int], Any] = {}
 
 
 def _on_cuda() -> bool:
@@ -77,25 +79,26 @@ def _cuda_stream(stream: int) -> Any:
     if stream == 0:
         return _STATE.main if _STATE.main is not None else torch.cuda.current_stream()
     key = (torch.cuda.current_device(), stream)
-    if key not in _STREAMS:
-        _STREAMS[key] = torch.cuda.Stream()
-    return _STREAMS[key]
+    if key not in _STATE.streams:
+        _STATE.streams[key] = torch.cuda.Stream()
+    return _STATE.streams[key]
 
 
 def _cuda_event(event: int) -> Any:
     key = (torch.cuda.current_device(), event)
-    if key not in _EVENTS:
-        _EVENTS[key] = torch.cuda.Event()
-    return _EVENTS[key]
+    if key not in _STATE.events:
+        _STATE.events[key] = torch.cuda.Event()
+    return _STATE.events[key]
 
 
 def reset_streams() -> None:
-    """Forget the side streams and events made so far and go back to the main stream."""
+    """Go back to the main stream and forget this thread's side streams and events (after a
+    scheduled graph raised halfway, a side stream may still be current)."""
     if _STATE.main is not None and _on_cuda():
         torch.cuda.set_stream(_STATE.main)
     _STATE.main = None
-    _STREAMS.clear()
-    _EVENTS.clear()
+    _STATE.streams.clear()
+    _STATE.events.clear()
 
 
 @contextlib.contextmanager
