@@ -38,6 +38,7 @@ from torch.fx.passes.split_module import split_module
 from ..core.errors import PassFailedError
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
+from ..ops.stream import STREAM_OPS
 from ._util import get_path
 from .apply import resolve_pipeline
 
@@ -61,8 +62,6 @@ def _attention_ops() -> tuple[Any, ...]:
 
 
 def _stream_ops() -> tuple[Any, ...]:
-    from ..ops.stream import STREAM_OPS
-
     return tuple(STREAM_OPS)
 
 

@@ -84,12 +84,14 @@ class StreamScheduleError(AssertionError):
 
 # ----- which nodes run kernels, and which memory they touch ------------------------------
 _aten = torch.ops.aten
-_SYM_OPS = frozenset(
+_HOST_OPS = frozenset(  # sizes and metadata checks: the host answers, no kernel runs
     {
         _aten.sym_size.int,
         _aten.sym_stride.int,
         _aten.sym_numel.default,
         _aten.sym_storage_offset.default,
+        _aten._assert_tensor_metadata.default,
+        _aten._assert_scalar.default,
     }
 )
 
@@ -111,10 +113,10 @@ def _tensorish(val: Any) -> bool:
 
 def is_kernel(node: fx.Node) -> bool:
     """Does ``node`` launch work on the current stream? Not: inputs, outputs, stream ops,
-    ``getitem``, views (schema aliases) and size computations."""
+    ``getitem``, views (schema aliases), sizes and metadata checks."""
     if node.op not in ("call_function", "call_method", "call_module"):
         return False
-    if is_stream_op(node) or node.target is operator.getitem or node.target in _SYM_OPS:
+    if is_stream_op(node) or node.target is operator.getitem or node.target in _HOST_OPS:
         return False
     if _is_view(node):
         return False
@@ -181,6 +183,8 @@ class _Memory:
             return frozenset({node})
         if node.op == "output" or is_stream_op(node) or not _tensorish(node_val(node)):
             return frozenset()
+        if op_schema(node) is not None and not node.target._schema.returns:
+            return frozenset()  # returns nothing: no memory of its own
         if node.target is operator.getitem:
             parent = node.args[0]
             pieces = isinstance(parent, fx.Node) and op_schema(parent) is not None
