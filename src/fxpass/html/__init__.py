@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .capture import GraphRecorder, Hunk, PassChange, SubGraph, diff_graphs, summarize
+from .lanes import Lanes, render_lanes, stream_lanes
 from .render import render_html, write_html
-from .streams import Lanes, render_lanes, stream_lanes
 
 __all__ = [
     "GraphRecorder",

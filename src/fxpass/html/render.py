@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .capture import Hunk, PassChange
-from .streams import render_lanes
+from .lanes import render_lanes
 from .svg import render_svg
 
 __all__ = ["render_html", "write_html"]

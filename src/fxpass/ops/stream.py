@@ -233,10 +233,11 @@ def _keep_out_of_compiled_graphs() -> None:
     for op in STREAM_OPS:
         torch._dynamo.disallow_in_graph(op)
         torch._dynamo.disallow_in_graph(op.overloadpacket)
-    warnings.filterwarnings(  # Dynamo explains each such graph break once, as if a bug
-        "ignore",
-        message=r"(?s)Dynamo does not know how to trace the builtin `torch\._ops\.fxpass\.",
-    )
+
+
+warnings.filterwarnings(  # Dynamo explains each such graph break once, as if it were a bug
+    "ignore", message=r"(?s)Dynamo does not know how to trace the builtin `torch\._ops\.fxpass\."
+)
 
 
 class _WhenDynamoLoads(importlib.abc.MetaPathFinder):

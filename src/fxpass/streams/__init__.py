@@ -11,7 +11,7 @@ One concept per module: :mod:`~fxpass.streams.regions` (independent regions of t
 graph), :mod:`~fxpass.streams.cost` (FLOPs, bytes and microseconds per node),
 :mod:`~fxpass.streams.plan` (which branch goes to which stream),
 :mod:`~fxpass.streams.schedule` (the rewrite), :mod:`~fxpass.streams.multi_stream` (the
-registered pass) and :mod:`~fxpass.streams.lanes` (the streams as lanes, for reports).
+registered pass). The report draws the streams as lanes (:mod:`fxpass.html.lanes`).
 The ops themselves are in :mod:`fxpass.ops.stream`. See ``docs/streams.md``.
 """
 
