@@ -81,7 +81,8 @@ class StreamPlan:
     marked: dict[fx.Node, int] = field(default_factory=dict)
 
     def stream_of(self, node: fx.Node) -> int:
-        """The stream ``node`` runs on (0 unless a split region or a mark says otherwise)."""
+        """The stream ``node`` runs on (0 unless a split region or a mark says otherwise);
+        for many nodes, read :attr:`assignment` once instead."""
         return self.assignment.get(node, 0)
 
     @property

@@ -104,7 +104,7 @@ class _Syncs:
 
     def __init__(self, gm: fx.GraphModule, plan: StreamPlan, stats: ScheduleStats) -> None:
         self.graph = gm.graph
-        self.plan = plan
+        self.stream_of = plan.assignment.get  # absent: stream 0
         self.stats = stats
         self.mem = _Memory(self.graph)
         self.cur = 0
@@ -172,7 +172,7 @@ class _Syncs:
         return out
 
     def kernel(self, node: fx.Node) -> None:
-        s = self.plan.stream_of(node)
+        s = self.stream_of(node, 0)
         if s != self.cur:
             self.insert(node, _FX.set_stream.default, (s,), s)
             self.stats.switches += 1
@@ -215,7 +215,7 @@ class _Syncs:
             elif node.op == "output":
                 self.join(node)
             else:
-                node.meta["stream"] = self.plan.stream_of(node)
+                node.meta["stream"] = self.stream_of(node, 0)
                 if is_kernel(node):
                     self.kernel(node)
 
