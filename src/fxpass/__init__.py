@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (importing passes registers the library)
     ops,
     passes,
     registry,
+    streams,
 )
 from .core.context import ChangeEvent, DebugCounter, PassContext, current_context, stat
 from .core.contract import FunctionPass, Pass, PassResult, as_pass

@@ -136,6 +136,33 @@ def test_suppressed_check_failures_are_reported_and_warned(llama_gm):
     assert "suppressed" in str(result.report)
 
 
+def test_invariants_a_pass_declares_hold_for_the_rest_of_the_run(llama_gm):
+    seen = []
+
+    def no_sqrt(gm):
+        seen.append(len(gm.graph.nodes))
+        if _nodes(gm, aten.sqrt.default):
+            raise ValueError("sqrt is not supported after double_rsqrt")
+
+    def declares(gm):
+        return double_rsqrt(gm)
+
+    declares.invariants = (no_sqrt,)
+
+    def make_rsqrt_sqrt(gm):
+        for n in _nodes(gm, aten.rsqrt.default):
+            n.target = aten.sqrt.default
+
+    before = [n.name for n in llama_gm.graph.nodes]
+    assert fp.Pipeline([drop_asserts, declares]).run(llama_gm).modified
+    assert len(seen) == 1  # checked after the pass that declared it, not before
+    with pytest.raises(fp.CheckFailedError) as err:
+        fp.Pipeline([declares, drop_asserts, make_rsqrt_sqrt]).run(llama_gm)
+    assert err.value.pass_name == "make_rsqrt_sqrt" and err.value.check_name == "no_sqrt"
+    assert [n.name for n in llama_gm.graph.nodes] != before  # the first run's changes stay
+    assert fp.Pipeline([make_rsqrt_sqrt]).run(llama_gm).modified  # not installed: no check
+
+
 def test_checks_off_skips_lint_and_user_checks(llama_gm):
     pipe = fp.Pipeline([drop_asserts], run_checks_after_each_pass=False)
     pipe.add_checks(lambda gm: False)

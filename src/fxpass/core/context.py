@@ -72,6 +72,7 @@ class PassContext:
     pass_path: list[str] = field(default_factory=list)
     recompiler: Any = None
     checks: list[Any] = field(default_factory=list)  # pipelines whose checks apply now
+    invariants: list[Any] = field(default_factory=list)  # installed by passes that ran
     ran: list[str] = field(default_factory=list)  # leaf passes that completed, in order
     fp: Any = None  # (module, fingerprint) after the last pass
     suppressed: list[str] = field(default_factory=list)

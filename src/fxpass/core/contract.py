@@ -67,11 +67,17 @@ class Pass:
 
     Calling a pass on a module runs it as a one-pass pipeline: honest "modified", rollback on
     failure, one recompile.
+
+    ``invariants`` are checks (``gm -> None``, raising when violated) that hold from this pass
+    on: once it has changed the graph, the pipeline runs them after it and after every later
+    pass of the same run, like lint (a pass that schedules streams installs the stream
+    checker, so a later pass that breaks the schedule fails and rolls back).
     """
 
     name: str = ""
     needs_code: bool = False
     statistics: Mapping[str, str] = {}
+    invariants: Sequence[Callable[[fx.GraphModule], Any]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -166,6 +172,7 @@ class FunctionPass(Pass):
         if path and not options and name is None:
             self._fxpass_spec = path
         self.statistics = dict(getattr(fn, "statistics", {}))
+        self.invariants = tuple(getattr(fn, "invariants", ()))
 
     def call(self, gm: fx.GraphModule):
         raise RuntimeError("FunctionPass runs through execute()")  # pragma: no cover
@@ -189,6 +196,7 @@ class ObjectPass(Pass):
         self.name = name or getattr(obj, "name", None) or _snake(type(obj).__name__)
         self.needs_code = bool(getattr(obj, "needs_code", False))
         self.statistics = dict(getattr(obj, "statistics", {}))
+        self.invariants = tuple(getattr(obj, "invariants", ()))
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         obj = self.obj

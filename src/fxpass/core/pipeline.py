@@ -14,7 +14,8 @@ What a run guarantees:
   as one round changes nothing.
 * **Checks.** After each pass that changed the graph: ``graph.lint()`` and the checks added
   with :meth:`Pipeline.add_checks` (a check raises or returns False). Checks added to a
-  pipeline also run after the passes of pipelines nested in it. With
+  pipeline also run after the passes of pipelines nested in it, and the ``invariants`` a
+  pass declares run after it and every later pass once it has changed the graph. With
   ``suppress_check_failures=True`` a failure is recorded in the report and warned about.
 * **Nothing lost.** If a pass raises or a check fails, the GraphModule given to the run is put
   back exactly as it was (same Node objects, same code) and a
@@ -491,6 +492,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         inst.after_pass(record, new_gm, ctx)
     if changed:
         ctx.recompiler.mark_stale(new_gm)
+        ctx.invariants.extend(c for c in p.invariants if c not in ctx.invariants)
     if not isinstance(p, Pipeline):
         pipelines = ctx.checks if changed else [c for c in ctx.checks if c._check_every_pass]
         if pipelines:
@@ -507,14 +509,16 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
 
 
 def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, after: str) -> None:
-    """Run the lint and user checks of ``pipelines`` on ``gm`` (after pass ``after``)."""
-    for pipe in pipelines:
-        if not pipe.run_checks_after_each_pass:
-            continue
+    """Run the lint and user checks of ``pipelines`` on ``gm`` (after pass ``after``), and
+    the invariants passes installed (under the innermost pipeline that runs checks)."""
+    active = [pipe for pipe in pipelines if pipe.run_checks_after_each_pass]
+    for i, pipe in enumerate(active):
         checks: list[tuple[str, Check]] = []
         if pipe.lint:
             checks.append(("lint", lambda g: g.graph.lint()))
         checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
+        if i == len(active) - 1:
+            checks.extend((getattr(c, "__name__", repr(c)), c) for c in ctx.invariants)
         for check_name, check in checks:
             try:
                 if check(gm) is False:

@@ -18,16 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from .capture import GraphRecorder, Hunk, PassChange, SubGraph, diff_graphs, summarize
+from .lanes import Lanes, render_lanes, stream_lanes
 from .render import render_html, write_html
 
 __all__ = [
     "GraphRecorder",
     "HtmlReport",
     "Hunk",
+    "Lanes",
     "PassChange",
     "SubGraph",
     "diff_graphs",
     "render_html",
+    "render_lanes",
+    "stream_lanes",
     "summarize",
     "write_html",
 ]
@@ -55,9 +59,11 @@ class HtmlReport(GraphRecorder):
         self.numerics = numerics
         self.info = dict(info or {})
         self.written: Path | None = None
+        self.lanes: Lanes | None = None
 
     def after_pipeline(self, pipeline, gm, report, ctx):
         super().after_pipeline(pipeline, gm, report, ctx)
+        self.lanes = stream_lanes(gm)
         self.write()
 
     def write(self, final_numerics: Any = None) -> Path:
@@ -70,6 +76,7 @@ class HtmlReport(GraphRecorder):
             numerics=results,
             final_numerics=final_numerics,
             info=self.info,
+            lanes=self.lanes,
         )
         self.written = write_html(self.path, doc)
         return self.written

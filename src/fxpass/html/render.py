@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .capture import Hunk, PassChange
+from .lanes import render_lanes
 from .svg import render_svg
 
 __all__ = ["render_html", "write_html"]
@@ -342,6 +343,7 @@ def render_html(
     numerics: Sequence[Any] = (),
     final_numerics: Any = None,
     info: dict[str, Any] | None = None,
+    lanes: Any = None,
 ) -> str:
     """The report as one HTML document (a string).
 
@@ -349,7 +351,8 @@ def render_html(
     :attr:`GraphRecorder.changes <fxpass.html.GraphRecorder.changes>`, ``numerics`` the
     :attr:`NumericsCheck.results <fxpass.verify.NumericsCheck.results>`, ``final_numerics``
     a :class:`~fxpass.verify.Comparison` of the final outputs, ``info`` extra key/values for
-    the header (target, command, ...).
+    the header (target, command, ...), ``lanes`` the streams of the final graph
+    (:func:`~fxpass.html.stream_lanes`) when it has stream ops.
     """
     details: dict[str, Any] = {}
     anchors: dict[str, str] = {}
@@ -361,6 +364,7 @@ def render_html(
         _numerics_section(numerics, final_numerics)
         if numerics or final_numerics is not None  # a Comparison is falsy when it failed
         else "",
+        render_lanes(lanes) if lanes is not None else "",
         _changes_section(changes, details),
     ]
     blob = (  # no "<" at all inside the script element: nothing can close or open a tag

@@ -21,6 +21,13 @@ respect. ``fused_qkv=True`` computes queries, keys and values with one linear la
 ``fused_gate_up=True`` the MLP's gate and up projections (Phi-3); ``head_size`` sets a
 head width other than ``hidden // heads`` (Qwen3, Gemma). All default off, and then the
 model is the same, weight for weight.
+
+Two block shapes give independent work to overlap on streams: ``moe_experts=N`` replaces
+the MLP with a mixture of ``N`` routed experts (softmax router, top-``moe_top_k``, weights
+renormalized; every expert computes every token, weighted — dense, exportable) plus a
+shared expert every token goes through (DeepSeek / Qwen-MoE style), and
+``parallel_block=True`` reads one norm into attention and MLP side by side and adds both to
+the residual (GPT-J, Phi-2).
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ class DecoderConfig:
     fused_qkv: bool = False
     fused_gate_up: bool = False
     head_size: int | None = None
+    moe_experts: int = 0
+    moe_top_k: int = 2
+    moe_shared_expert: bool = True
+    parallel_block: bool = False
 
     def __post_init__(self) -> None:
         if self.norm_style not in ("llama", "gemma", "plain"):
@@ -67,6 +78,13 @@ class DecoderConfig:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads")
+        if self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts:
+            raise ValueError(
+                f"moe_top_k ({self.moe_top_k}) must be between 1 and moe_experts "
+                f"({self.moe_experts})"
+            )
+        if self.parallel_block and self.sandwich_norm:
+            raise ValueError("parallel_block has one norm per layer: drop sandwich_norm")
 
     @property
     def head_dim(self) -> int:
@@ -163,19 +181,46 @@ class _MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+class _MoE(nn.Module):
+    """Routed experts (dense dispatch: each expert sees every token, weighted) + a shared one."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.moe_top_k
+        self.gate = nn.Linear(cfg.hidden, cfg.moe_experts, bias=False)
+        self.experts = nn.ModuleList(_MLP(cfg) for _ in range(cfg.moe_experts))
+        self.shared_expert = _MLP(cfg) if cfg.moe_shared_expert else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+        weights = torch.zeros_like(probs).scatter(-1, top_i, top_w).to(x.dtype)
+        out = self.experts[0](x) * weights[..., 0:1]
+        for e in range(1, len(self.experts)):
+            out = out + self.experts[e](x) * weights[..., e : e + 1]
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(x)
+        return out
+
+
 class _DecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
         self.self_attn = _Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
-        self.mlp = _MLP(cfg)
+        if not cfg.parallel_block:
+            self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
+        self.mlp = _MoE(cfg) if cfg.moe_experts else _MLP(cfg)
         if cfg.sandwich_norm:
             self.post_attn_out_norm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
             self.post_mlp_out_norm = RMSNorm(cfg.hidden, cfg.eps, cfg.norm_style)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.cfg.parallel_block:
+            h = self.input_layernorm(x)
+            return x + self.self_attn(h, cos, sin) + self.mlp(h)
         h = self.self_attn(self.input_layernorm(x), cos, sin)
         if self.cfg.sandwich_norm:
             h = self.post_attn_out_norm(h)

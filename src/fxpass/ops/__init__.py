@@ -5,13 +5,15 @@
 >>> torch.ops.fxpass.rms_norm(x, w, 1e-6).shape
 torch.Size([2, 8])
 
-See :mod:`fxpass.ops.norm` for the ops and their schemas, and :mod:`fxpass.ops.reference`
-for the formulas every kernel follows.
+See :mod:`fxpass.ops.norm` for the ops and their schemas, :mod:`fxpass.ops.reference`
+for the formulas every kernel follows, and :mod:`fxpass.ops.stream` for the stream and event
+ops the ``multi_stream`` pass schedules with, and :mod:`fxpass.ops.collective` for the
+all-reduce fused with the residual add and RMSNorm that tensor parallelism emits.
 """
 
 from __future__ import annotations
 
-from . import reference
+from . import reference, stream
 from .collective import all_reduce_add_rmsnorm
 from .norm import (
     fused_add_rmsnorm,
@@ -29,4 +31,5 @@ __all__ = [
     "kernel_for",
     "reference",
     "rms_norm",
+    "stream",
 ]

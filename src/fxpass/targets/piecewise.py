@@ -18,8 +18,8 @@ GraphModule, and :meth:`PiecewiseGraph.compile` hands each piece to a compiler (
 torch.compile backend uses it with ``split_at=...``).
 
 ``at`` names the splitting ops: ``"attention"`` (every SDPA spelling, at the torch level
-and in ATen), op overloads or packets, ``"aten.mm.default"``-style strings, or a predicate
-``node -> bool``.
+and in ATen), ``"streams"`` (fxpass's stream and event ops), op overloads or packets,
+``"aten.mm.default"``-style strings, or a predicate ``node -> bool``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from torch.fx.passes.split_module import split_module
 from ..core.errors import PassFailedError
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
+from ..ops.stream import STREAM_OPS
 from ._util import get_path
 from .apply import resolve_pipeline
 
@@ -60,8 +61,16 @@ def _attention_ops() -> tuple[Any, ...]:
     return tuple(ops)
 
 
-#: Names that stand for a family of ops in ``at=``.
-ALIASES: dict[str, Callable[[], tuple[Any, ...]]] = {"attention": _attention_ops}
+def _stream_ops() -> tuple[Any, ...]:
+    return tuple(STREAM_OPS)
+
+
+#: Names that stand for a family of ops in ``at=``. ``"streams"``: fxpass's stream and event
+#: ops, so that compiling a multi-stream schedule piece by piece keeps them in place.
+ALIASES: dict[str, Callable[[], tuple[Any, ...]]] = {
+    "attention": _attention_ops,
+    "streams": _stream_ops,
+}
 
 
 def _resolve_op(name: str) -> Any:

@@ -1,5 +1,5 @@
 """Verification: numerics against the original, bisection to the first bad pass or rewrite,
-metadata and layout invariants, and a test harness for pass authors."""
+metadata and layout invariants, multi-stream schedules, and a test harness for pass authors."""
 
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ from .numerics import (
     tolerance_for,
     verify_numerics,
 )
+from .streams import (
+    StreamScheduleError,
+    StreamViolation,
+    check_streams,
+    require_safe_streams,
+)
 from .testing import Captured, PassCheck, capture, check_pass, count_ops, op_counts
 
 __all__ = [
@@ -31,16 +37,20 @@ __all__ = [
     "PassCheck",
     "PassNumerics",
     "RewriteInfo",
+    "StreamScheduleError",
+    "StreamViolation",
     "bisect",
     "capture",
     "check_layouts",
     "check_metadata",
     "check_pass",
+    "check_streams",
     "compare_outputs",
     "count_ops",
     "op_counts",
     "require_layouts",
     "require_metadata",
+    "require_safe_streams",
     "sample_inputs_from_meta",
     "tolerance_for",
     "verify_numerics",

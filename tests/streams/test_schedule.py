@@ -1,0 +1,91 @@
+"""apply_plan: exactly the syncs the dependencies need, side work issued first, lifetimes kept."""
+
+from __future__ import annotations
+
+import torch
+from _streams import scheduled
+from torch import fx
+
+from fxpass.ops.stream import is_stream_op
+from fxpass.streams import apply_plan, plan_streams
+from fxpass.streams.regions import module_path
+from fxpass.verify import check_streams
+from fxpass.verify.streams import is_kernel
+
+OPS = torch.ops.fxpass
+aten = torch.ops.aten
+
+
+def _ops(gm, op) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is op]
+
+
+def test_every_wait_is_needed_and_every_event_is_waited_for():
+    gm, _ = scheduled("moe")
+    waits = _ops(gm, OPS.wait_event.default)
+    records = _ops(gm, OPS.record_event.default)
+    assert len({r.args[0] for r in records}) == len(records)  # one record per event
+    assert {w.args[0] for w in waits} == {r.args[0] for r in records}
+    for wait in waits:  # drop each wait in turn: the schedule must become unsafe
+        after, args = wait.next, wait.args
+        gm.graph.erase_node(wait)
+        assert check_streams(gm), f"{wait.name} {args} was redundant"
+        with gm.graph.inserting_before(after):
+            gm.graph.call_function(OPS.wait_event.default, args)
+    assert check_streams(gm) == []
+
+
+def _three_streams() -> fx.GraphModule:
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    a = graph.call_function(aten.relu.default, (x,))
+    b = graph.call_function(aten.exp.default, (a,))
+    c = graph.call_function(aten.add.Tensor, (b, a))
+    graph.output(c)
+    b.meta["stream"], c.meta["stream"] = 1, 2
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_wait_implied_through_another_stream_is_not_added():
+    gm = _three_streams()
+    stats = apply_plan(gm, plan_streams(gm, streams=3))
+    waits = [tuple(n.args) for n in _ops(gm, OPS.wait_event.default)]
+    # stream 1 waits for `a`; stream 2 waits for `b` only: that record already covers `a`;
+    # stream 0 waits for stream 2 only: stream 2 has waited for stream 1
+    assert [w[1] for w in waits] == [1, 2, 0]
+    assert stats.waits == stats.events == 3
+    assert check_streams(gm) == []
+    x = torch.randn(5)
+    torch.testing.assert_close(gm(x), x.relu().exp() + x.relu())
+
+
+def test_side_work_is_issued_first_and_every_node_knows_its_stream():
+    gm, _ = scheduled("moe")
+    gm.graph.lint()
+    order = [n for n in gm.graph.nodes if n.op == "call_function" and not is_stream_op(n)]
+    assert all(isinstance(n.meta.get("stream"), int) for n in order)
+    shared = next(n for n in order if "layers.0.mlp.shared_expert" in module_path(n))
+    router = next(n for n in order if module_path(n) == "layers.0.mlp.gate" and is_kernel(n))
+    assert order.index(shared) < order.index(router)
+    assert shared.meta["stream"] == 1 and router.meta["stream"] == 0
+
+
+def test_lifetimes_extended_only_where_the_tensor_could_be_freed_early():
+    gm, result = scheduled("moe")
+    keeps = _ops(gm, OPS.record_stream.default)
+    assert len(keeps) == result.report.root.children[0].stats["record_streams"] > 0
+    for keep in keeps:  # each one is needed
+        args, after = keep.args, keep.next
+        gm.graph.erase_node(keep)
+        assert {v.kind for v in check_streams(gm)} == {"freed_early"}
+        with gm.graph.inserting_before(after):
+            gm.graph.call_function(OPS.record_stream.default, args)
+
+
+def test_an_empty_plan_changes_nothing():
+    gm = _three_streams()
+    for n in gm.graph.nodes:
+        n.meta.pop("stream", None)
+    before = [n.name for n in gm.graph.nodes]
+    stats = apply_plan(gm, plan_streams(gm, streams=2))
+    assert stats.events == 0 and [n.name for n in gm.graph.nodes] == before
