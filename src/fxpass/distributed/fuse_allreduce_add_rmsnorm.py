@@ -16,17 +16,21 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx import Proxy
 
 from ..core.registry import _builtin
+from ..fxutil.layout import same_layout
+from ..passes.fusion._keep_layout import fake_result, keep_layout
 from ..passes.fusion._norm_patterns import ADD, add_ok, norm_ok, rms_norm, scalars
 from ..rewrite.driver import rewrite
-from ..rewrite.pattern import P
+from ..rewrite.pattern import P, value_of
 from ..rewrite.rule import Rule, RuleSet
 from .collectives import C10D, sink_below_views, sum_all_reduces
 
 __all__ = ["RULES", "fuse_allreduce_add_rmsnorm"]
 
 _FUSED = torch.ops.fxpass.fused_add_rmsnorm.default
+_OP = torch.ops.fxpass.all_reduce_add_rmsnorm.default
 
 
 def _reduced(name: str) -> Any:
@@ -35,17 +39,31 @@ def _reduced(name: str) -> Any:
     return P(C10D.wait_tensor.default, reduce).named(name)
 
 
-def _fused(partial, residual, w, eps, group, offset=0.0) -> tuple[Any, Any]:
-    out = torch.ops.fxpass.all_reduce_add_rmsnorm.default(
-        partial, residual, w, *scalars(eps, offset), group
-    )
-    return out[0], out[1]
+def _kept(partial, residual, w, eps, offset, group, normed_old, sum_old) -> Any:
+    """The fused op's two results in the layouts of the values they replace (checked
+    against its fake kernel, see :mod:`fxpass.passes.fusion._keep_layout`), or None."""
+    args = (partial, residual, w, *scalars(eps, offset), group)
+    fused = _OP(*args)
+    vals = fake_result(_OP, *args) or (None, None)
+    normed = keep_layout(fused[0], vals[0], normed_old)
+    total = keep_layout(fused[1], vals[1], sum_old)
+    return None if normed is None or total is None else (normed, total)
 
 
-def _from_fused(partial, residual, w, eps, offset, group) -> Any:
-    return torch.ops.fxpass.all_reduce_add_rmsnorm.default(
-        partial, residual, w, *scalars(eps, offset), group
-    )
+def _fused(partial, residual, w, eps, group, offset=0.0, **b: Any) -> Any:
+    return _kept(partial, residual, w, eps, offset, group, b["out"], b["sum"])
+
+
+def _from_fused(partial, residual, w, eps, offset, group, fused) -> Any:
+    """The all-reduce folded into a ``fused_add_rmsnorm``: its results take the tuple's
+    place where the fake kernel gives the layouts the tuple had (else the site is left)."""
+    args = (partial, residual, w, *scalars(eps, offset), group)
+    new, old = fake_result(_OP, *args), value_of(fused.node if isinstance(fused, Proxy) else fused)
+    if new is None or not isinstance(old, (tuple, list)) or len(old) != len(new):
+        return None
+    if not all(isinstance(o, torch.Tensor) and same_layout(n, o) for n, o in zip(new, old)):
+        return None
+    return _OP(*args)
 
 
 def _is_add_norm(**b: Any) -> bool:
@@ -70,6 +88,7 @@ _ADD_NORM = Rule(
 
 def _on_fused(first: Any, second: Any, name: str) -> Rule:
     pattern = P(_FUSED, first, second, P.node("w"), P.const("eps"), P.const("offset"))
+    pattern = pattern.named("fused")
     return Rule(pattern, _from_fused, name=name, where=_same)
 
 

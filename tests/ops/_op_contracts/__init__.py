@@ -96,7 +96,7 @@ def in_layout(
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*s: int) -> torch.Tensor:
-        return torch.randn(*s, generator=gen).to(dtype)
+        return torch.randn(s, generator=gen).to(dtype)
 
     shape = tuple(shape)
     if layout == "contiguous" or not shape:
