@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._functorch.config
+import torch._inductor.config
 
 import fxpass
 from fxpass.distributed import load_rank
@@ -43,7 +45,12 @@ def _backend(case: dict[str, Any]) -> dict[str, Any]:
     model = build_decoder(layers=1, dtype=torch.float32)
     (ids,) = model.example_inputs()
     be = fxpass.backend(case["pipeline"], ir="aten", compiler=case["compiler"])
-    with torch.no_grad():  # an inference graph: sharding a training graph is not supported
+    # an earlier run's cached graph would skip the passes (and their statistics)
+    no_cache = (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    )
+    with torch.no_grad(), no_cache[0], no_cache[1]:  # inference: training graphs not sharded
         expected = model(ids)
         out = torch.compile(model, backend=be)(ids)
     stats = be.reports[0].stats() if be.reports else {}
