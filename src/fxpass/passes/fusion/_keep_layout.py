@@ -52,11 +52,21 @@ def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
     old_val = value_of(_node(old))
     if not isinstance(new_val, torch.Tensor) or not isinstance(old_val, torch.Tensor):
         return None
+    if new_val.dtype != old_val.dtype:
+        return None
     same_shape = new_val.dim() == old_val.dim() and statically_known_true(
         sym_eq(tuple(new_val.shape), tuple(old_val.shape))
     )
-    if not same_shape or new_val.dtype != old_val.dtype:
-        return None  # (no guard is added on symbolic shapes: unknown counts as different)
+    if not same_shape:
+        # The pattern saw through row-keeping views in front of the norm, and the rewriter
+        # replays them on the result: views of a value laid out like the chain's input (the
+        # elementwise rule) are laid out like the values they replace. Where the sizes are
+        # symbolic (no guard is added) or the element counts differ, decline.
+        if new_val.numel() is old_val.numel() or statically_known_true(
+            sym_eq(new_val.numel(), old_val.numel())
+        ):
+            return new
+        return None
     if same_layout(new_val, old_val):
         return new
     order = memory_order(old_val)
