@@ -9,7 +9,7 @@ import functools
 import torch
 
 import fxpass as fp
-from fxpass.verify.numerics import program_inputs
+from fxpass.verify.inputs import program_inputs
 
 import _models
 

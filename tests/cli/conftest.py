@@ -16,7 +16,7 @@ sys.path[:0] = [
 def pt2_dir(tmp_path_factory) -> Path:
     """tiny.pt2: the exported (core ATen) 2-layer tiny decoder; tiny.fxgraph: its graph."""
     from fxpass.core.serialize import save_graph
-    from fxpass.verify.numerics import program_inputs
+    from fxpass.verify.inputs import program_inputs
 
     import _models
 

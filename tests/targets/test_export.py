@@ -234,7 +234,7 @@ def test_sample_inputs_reach_lowering_passes_one_per_placeholder():
 
 
 def test_given_sample_inputs_are_the_user_inputs_and_none_is_missing_ones():
-    from fxpass.verify.numerics import program_inputs
+    from fxpass.verify.inputs import program_inputs
 
     ep = convnet_ep()
     got = []

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fxpass.verify.numerics import program_inputs
+from fxpass.verify.inputs import program_inputs
 
 
 @functools.cache

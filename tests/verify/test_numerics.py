@@ -196,7 +196,7 @@ def test_low_precision_rounding_is_told_from_wrong_results_by_a_float32_run():
 
 
 def test_a_deep_bf16_model_fused_differently_is_accepted_and_a_bug_is_not():
-    from fxpass.verify.numerics import run_graph_promoted
+    from fxpass.verify.compare import run_graph_promoted
 
     ep = _models.exported(layers=4)
     inputs = [*_models.lifted_inputs(ep), *_models.decoder(layers=4).example_inputs()]

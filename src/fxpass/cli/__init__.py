@@ -73,7 +73,7 @@ def _error(message: str) -> None:
 
 def _code_for(e: BaseException) -> tuple[int, str]:
     from ..core.errors import FxpassError, PassFailedError, SpecError
-    from ..verify.numerics import NumericsError
+    from ..verify.compare import NumericsError
     from ._run import spec_error_line
 
     if isinstance(e, CliError):

@@ -30,7 +30,7 @@ def spec_error_line(e: Any) -> str:
 def user_inputs(target: Target) -> list[Any]:
     """The inputs the user's program takes: given, stored, or made from ``meta['val']``
     (worked out once per target)."""
-    from ..verify.numerics import sample_args
+    from ..verify.inputs import sample_args
 
     if target.inputs is None:
         target.inputs = sample_args(target.program, target.args)[0]
@@ -39,7 +39,7 @@ def user_inputs(target: Target) -> list[Any]:
 
 def graph_inputs(target: Target) -> list[Any]:
     """One input per placeholder of the target's graph module."""
-    from ..verify.numerics import program_inputs
+    from ..verify.inputs import program_inputs
 
     args = user_inputs(target)
     if target.is_exported:
@@ -66,7 +66,7 @@ def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
     yardstick that tells rounding from wrong rewrites (see ``compare_outputs``)."""
     import torch
 
-    from ..verify.numerics import run_graph_promoted
+    from ..verify.compare import run_graph_promoted
 
     if isinstance(program, torch.export.ExportedProgram):
         if target.kwargs:

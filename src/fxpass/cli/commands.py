@@ -208,7 +208,8 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
         instruments.append(Statistics(stream=sys.stderr))
     check = reference = None
     if verify:
-        from ..verify.numerics import NumericsCheck, output_names
+        from ..verify.inputs import output_names
+        from ..verify.numerics import NumericsCheck
 
         names = output_names(t.program) if t.is_exported else None
         inputs = graph_inputs(t)
@@ -236,7 +237,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
         raise
     final = None
     if verify:
-        from ..verify.numerics import compare_outputs
+        from ..verify.compare import compare_outputs
 
         final = compare_outputs(
             reference, evaluate(result.program, t), rtol=rtol, atol=atol, truth=truth

@@ -72,7 +72,9 @@ def demo(layers: int, html: str, no_report: bool, as_json: bool) -> None:
     report.html."""
     from ..core.registry import REGISTRY
     from ..html import HtmlReport
-    from ..verify.numerics import NumericsCheck, compare_outputs, output_names
+    from ..verify.compare import compare_outputs
+    from ..verify.inputs import output_names
+    from ..verify.numerics import NumericsCheck
 
     html_path = None if no_report else check_writable(html, "report")
     err = stderr()

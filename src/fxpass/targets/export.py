@@ -271,7 +271,7 @@ def _copy_module(gm: fx.GraphModule) -> fx.GraphModule:
 
 def _graph_inputs(ep: ExportedProgram, user_inputs: Sequence[Any] | None) -> list[Any] | None:
     """One value per placeholder: parameters, buffers and constants, then the user inputs."""
-    from ..verify.numerics import program_inputs
+    from ..verify.inputs import program_inputs
 
     if user_inputs is not None:
         return program_inputs(ep, user_inputs, strict=False)

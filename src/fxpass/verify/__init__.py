@@ -4,19 +4,11 @@ metadata and layout invariants, multi-stream schedules, and a test harness for p
 from __future__ import annotations
 
 from .bisect import BisectResult, RewriteInfo, bisect
+from .compare import Comparison, Divergence, NumericsError, compare_outputs, tolerance_for
+from .inputs import sample_inputs_from_meta
 from .invariants import MetadataError, check_metadata, require_metadata
 from .layouts import LayoutError, check_layouts, require_layouts
-from .numerics import (
-    Comparison,
-    Divergence,
-    NumericsCheck,
-    NumericsError,
-    PassNumerics,
-    compare_outputs,
-    sample_inputs_from_meta,
-    tolerance_for,
-    verify_numerics,
-)
+from .numerics import NumericsCheck, PassNumerics, verify_numerics
 from .streams import (
     StreamScheduleError,
     StreamViolation,

@@ -31,17 +31,9 @@ from torch import fx
 from ..core.context import ChangeEvent, DebugCounter, current_context
 from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
-from .numerics import (
-    Comparison,
-    NumericsCheck,
-    PassNumerics,
-    check_graph,
-    output_names,
-    program_inputs,
-    run_graph,
-    run_graph_promoted,
-    sample_args,
-)
+from .compare import Comparison, run_graph_promoted
+from .inputs import output_names, program_inputs, sample_args
+from .numerics import NumericsCheck, PassNumerics, check_graph, run_graph
 
 __all__ = ["BisectResult", "RewriteInfo", "bisect"]
 

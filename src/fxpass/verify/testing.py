@@ -31,8 +31,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from .compare import Comparison, compare_outputs, run_graph_promoted
+from .inputs import program_inputs
 from .layouts import check_layouts
-from .numerics import Comparison, compare_outputs, program_inputs, run_graph, run_graph_promoted
+from .numerics import run_graph
 
 __all__ = [
     "CAPTURES",

@@ -7,7 +7,8 @@ import torch
 from _cleanup_helpers import calls
 
 import fxpass as fp
-from fxpass.verify.numerics import compare_outputs, run_graph
+from fxpass.verify.compare import compare_outputs
+from fxpass.verify.numerics import run_graph
 from fxpass.verify.testing import capture, check_pass
 
 from _models import count, exported_gm
@@ -26,7 +27,7 @@ def test_merges_the_repeated_views_of_an_exported_llama():
 
 
 def gm_capture(gm):
-    from fxpass.verify.numerics import sample_inputs_from_meta
+    from fxpass.verify.inputs import sample_inputs_from_meta
     from fxpass.verify.testing import Captured
 
     return Captured(gm, sample_inputs_from_meta(gm), "export")

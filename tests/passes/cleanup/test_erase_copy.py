@@ -6,7 +6,8 @@ import torch
 from _cleanup_helpers import calls
 
 import fxpass as fp
-from fxpass.verify.numerics import compare_outputs, run_graph
+from fxpass.verify.compare import compare_outputs
+from fxpass.verify.numerics import run_graph
 from fxpass.verify.testing import capture, check_pass
 
 

@@ -7,7 +7,9 @@ import torch
 from _cleanup_helpers import calls
 
 import fxpass as fp
-from fxpass.verify.numerics import compare_outputs, run_graph, sample_inputs_from_meta
+from fxpass.verify.compare import compare_outputs
+from fxpass.verify.inputs import sample_inputs_from_meta
+from fxpass.verify.numerics import run_graph
 from fxpass.verify.testing import Captured, capture, check_pass
 
 from _models import count, exported_gm

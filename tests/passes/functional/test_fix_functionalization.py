@@ -9,7 +9,8 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import fxpass as fp
-from fxpass.verify.numerics import compare_outputs, run_graph
+from fxpass.verify.compare import compare_outputs
+from fxpass.verify.numerics import run_graph
 
 OPS = torch.ops.fxpass
 AF2 = torch.ops.higher_order.auto_functionalized_v2

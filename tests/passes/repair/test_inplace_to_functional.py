@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import fxpass as fp
-from fxpass.verify.numerics import compare_outputs, run_graph
+from fxpass.verify.compare import compare_outputs
+from fxpass.verify.numerics import run_graph
 from fxpass.verify.testing import capture
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import fxpass as fp
-from fxpass.verify.numerics import sample_inputs_from_meta
+from fxpass.verify.inputs import sample_inputs_from_meta
 from fxpass.verify.testing import Captured, check_pass
 
 from _models import count, exported_gm
