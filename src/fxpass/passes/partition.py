@@ -29,7 +29,13 @@ from ..partition.fuse import FUSED_META, _fuse
 __all__ = ["partition"]
 
 
-@_builtin("partition")
+@_builtin(
+    "partition",
+    statistics={
+        "partitions": "partitions fused into one call each",
+        "nodes": "nodes moved into the fused submodules",
+    },
+)
 def partition(
     gm: fx.GraphModule,
     *,
@@ -80,9 +86,3 @@ def partition(
         ctx.stat("nodes", sum(len(p) for p in parts))
     gm.recompile()
     return True
-
-
-partition.statistics = {
-    "partitions": "partitions fused into one call each",
-    "nodes": "nodes moved into the fused submodules",
-}
