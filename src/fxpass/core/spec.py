@@ -35,7 +35,7 @@ from .options import _Mismatch
 from .pipeline import Pipeline
 from .registry import REGISTRY, Registry
 
-__all__ = ["Element", "build_pipeline", "by_name", "parse_spec"]
+__all__ = ["Element", "build_pipeline", "by_name", "parse_spec", "resolve_pipeline"]
 
 _NAME_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
 _NAME_CHARS = _NAME_START + "0123456789.-:"
@@ -302,6 +302,25 @@ def build_pipeline(spec: str, registry: Registry | None = None) -> Pipeline:
     registry = registry or REGISTRY
     elements = parse_spec(spec)
     return Pipeline([_build(el, spec, registry) for el in elements])
+
+
+def resolve_pipeline(pipeline: Any = None) -> Pipeline:
+    """Turn what :func:`fxpass.apply` and the targets accept into a :class:`~fxpass.Pipeline`.
+
+    None is the registered ``default`` pipeline as it stands now; a string is a spec; a
+    list is a pipeline of those passes; a single pass runs alone.
+    """
+    if pipeline is None:
+        made = REGISTRY.create("default")
+        return made if isinstance(made, Pipeline) else Pipeline([made], name="default")
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if isinstance(pipeline, str):
+        return build_pipeline(pipeline)
+    if isinstance(pipeline, (list, tuple)):
+        return Pipeline(pipeline)
+    p = as_pass(pipeline)
+    return p if isinstance(p, Pipeline) else Pipeline([p], name=p.name)
 
 
 def by_name(name: str) -> Pass:

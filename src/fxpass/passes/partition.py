@@ -24,7 +24,7 @@ from torch import fx
 from ..core.context import ChangeEvent, current_context
 from ..core.registry import _builtin
 from ..partition.capability import capability_partitions
-from ..partition.fuse import FUSED_META, _fuse
+from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
 
 __all__ = ["partition"]
 
@@ -75,7 +75,9 @@ def partition(
         parts = kept
     if not parts:
         return False
-    calls = _fuse(gm, parts, prefix=prefix, mode=mode, recompile=False)
+    before = set(fused_nodes(gm))
+    fuse_partitions(gm, parts, prefix=prefix, mode=mode, recompile=False)
+    calls = [call for call in fused_nodes(gm) if call not in before]
     if ctx is not None:
         for call in calls:
             info = call.meta[FUSED_META]
