@@ -273,12 +273,12 @@ class Pipeline(Pass):
             debug_counter=debug_counter,
             enabled=hooks.enabled,
         )
-        run = ctx._run
-        run.recompiler = DeferredRecompile()
+        state = ctx._run
+        state.recompiler = DeferredRecompile()
         root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
-        report = Report(root=root, suppressed=run.suppressed)
+        report = Report(root=root, suppressed=state.suppressed)
         snapshot = GraphSnapshot.take(gm)
-        run.recompiler.install(gm)
+        state.recompiler.install(gm)
         new_gm = gm
         t0 = time.perf_counter()
         try:
@@ -289,7 +289,7 @@ class Pipeline(Pass):
                     _run_checks([self], gm, ctx, "(input)")
                 new_gm, modified = self._run_nested(gm, ctx, root)
         except PassFailedError as err:
-            run.recompiler.finish(recompile=False)
+            state.recompiler.finish(recompile=False)
             edited = snapshot.restore()
             root.seconds = time.perf_counter() - t0
             root.status = "failed"
@@ -307,10 +307,10 @@ class Pipeline(Pass):
                     inst.after_pipeline(self, gm, report, ctx)
             raise
         except BaseException:
-            run.recompiler.finish(recompile=False)
+            state.recompiler.finish(recompile=False)
             snapshot.restore()
             raise
-        run.recompiler.finish()
+        state.recompiler.finish()
         root.seconds = time.perf_counter() - t0
         root.modified = modified
         root.runs = 1
@@ -450,14 +450,14 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         record.status = "skipped"
         record.notes = ["disabled in the registry"]
         return (gm, False, record) if keep else (gm, False)
-    run = ctx._run
-    before = run.fp[1] if run.fp is not None and run.fp[0] is gm else fingerprint(gm)
-    run.records.append(record)
+    state = ctx._run
+    before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
+    state.records.append(record)
     ctx.pass_path.append(p.name)
     for inst in ctx.instruments:
         inst.before_pass(record, gm, ctx)
     if p.needs_code:
-        run.recompiler.ensure_code(gm)
+        state.recompiler.ensure_code(gm)
     t0 = time.perf_counter()
     try:
         ret = p.execute(gm, ctx)
@@ -473,14 +473,14 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         record.error = f"{type(e).__name__}: {e}"
         for inst in ctx.instruments:
             inst.on_failure(record, gm, e, ctx)
-        raise PassFailedError(p.name, run.ran, e) from e
+        raise PassFailedError(p.name, state.ran, e) from e
     finally:
-        run.records.pop()
+        state.records.pop()
         ctx.pass_path.pop()
     record.seconds += time.perf_counter() - t0
     record.runs += 1
     if new_gm is not gm:
-        run.recompiler.install(new_gm)
+        state.recompiler.install(new_gm)
         changed = True
         after = fingerprint(new_gm)
     else:
@@ -491,15 +491,15 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
             note = "said it did not change the graph, but it did"
             if note not in record.notes:
                 record.notes.append(note)
-    run.fp = (new_gm, after)
+    state.fp = (new_gm, after)
     ctx.changed = changed
     record.modified |= changed
     record.nodes_after = len(new_gm.graph.nodes)
     for inst in ctx.instruments:
         inst.after_pass(record, new_gm, ctx)
     if changed:
-        run.recompiler.mark_stale(new_gm)
-        run.invariants.extend(c for c in p.invariants if c not in run.invariants)
+        state.recompiler.mark_stale(new_gm)
+        state.invariants.extend(c for c in p.invariants if c not in state.invariants)
     if not isinstance(p, Pipeline):
         _after_leaf(p, new_gm, ctx, record, changed)
     return (new_gm, changed, record) if keep else (new_gm, changed)
@@ -507,8 +507,8 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
 
 def _after_leaf(p: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecord, changed):
     """After a pass that is not a pipeline: the checks that apply, then count it as ran."""
-    run = ctx._run
-    pipelines = run.checks if changed else [c for c in run.checks if c.policy.check_unchanged]
+    state = ctx._run
+    pipelines = state.checks if changed else [c for c in state.checks if c.policy.check_unchanged]
     if pipelines:
         try:
             _run_checks(pipelines, gm, ctx, p.name)
@@ -518,13 +518,13 @@ def _after_leaf(p: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecor
             for inst in ctx.instruments:
                 inst.on_failure(record, gm, e, ctx)
             raise
-    run.ran.append(p.name)
+    state.ran.append(p.name)
 
 
 def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, after: str) -> None:
     """Run the lint and user checks of ``pipelines`` on ``gm`` (after pass ``after``), and
     the invariants passes installed (under the innermost pipeline that runs checks)."""
-    run = ctx._run
+    state = ctx._run
     active = [pipe for pipe in pipelines if pipe.run_checks_after_each_pass]
     for i, pipe in enumerate(active):
         checks: list[tuple[str, Check]] = []
@@ -532,17 +532,17 @@ def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, aft
             checks.append(("lint", lambda g: g.graph.lint()))
         checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
         if i == len(active) - 1:
-            checks.extend((getattr(c, "__name__", repr(c)), c) for c in run.invariants)
+            checks.extend((getattr(c, "__name__", repr(c)), c) for c in state.invariants)
         for check_name, check in checks:
             try:
                 if check(gm) is False:
                     raise AssertionError("the check returned False")
             except Exception as e:
                 if not pipe.suppress_check_failures:
-                    raise CheckFailedError(after, check_name, run.ran, e) from e
+                    raise CheckFailedError(after, check_name, state.ran, e) from e
                 where = "on the input" if after == "(input)" else f"after pass '{after}'"
                 msg = f"check '{check_name}' failed {where}: {type(e).__name__}: {e}"
-                run.suppressed.append(msg)
+                state.suppressed.append(msg)
                 warnings.warn(f"fxpass: suppressed {msg}", stacklevel=2)
 
 
