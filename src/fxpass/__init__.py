@@ -24,6 +24,7 @@ from .core.instrument import Instrumentation, PrintIR, Statistics, Timing
 from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
 from .core.registry import register
 from .core.report import PassRecord, Report
+from .core.version import __version__
 from .distributed import shard
 from .html import HtmlReport
 from .interpret import InterpreterPass
@@ -45,7 +46,6 @@ from .verify import NumericsCheck, bisect, check_pass, verify_numerics
 
 graph_pass = register
 
-__version__ = "0.1.0"
 
 __all__ = [
     "ApplyResult",

@@ -204,3 +204,35 @@ def test_entry_point_plugins_are_discovered(tmp_path, monkeypatch):
     assert "distribution 'fxpass-test-plugin'" in registry.plugin_errors[0]
     sys.modules.pop("fxpass_test_plugin_pkg", None)
     sys.modules.pop("fxpass_test_plugin_pkg.registers", None)
+
+
+def test_statistics_are_declared_in_the_decorator(reg, llama_gm):
+    @reg.register("count_mm", statistics={"mm": "matrix products seen"})
+    def count_mm(gm) -> bool:
+        """Count the matrix products."""
+        for node in gm.graph.nodes:
+            if node.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+                fp.stat("mm")
+        return False
+
+    assert reg.get("count_mm").statistics == {"mm": "matrix products seen"}
+    assert reg.create("count_mm").statistics == count_mm.statistics
+    stats = fp.Pipeline.parse("count_mm", registry=reg).run(llama_gm).report.stats()
+    assert stats["count_mm.mm"] > 0
+
+    @reg.register("old_style")
+    def old_style(gm) -> None:
+        """Statistics set the old way, after the decorator."""
+
+    old_style.statistics = {"n": "still read"}
+    assert reg.create("old_style").statistics == {"n": "still read"}
+
+
+def test_a_rule_set_registers_directly(reg, llama_gm):
+    x, neg = fp.P.var("x"), torch.ops.aten.neg.default
+    fold = reg.register(fp.rules("fold_neg_neg", [(fp.P(neg, fp.P(neg, x)), lambda x: x)]))
+    assert isinstance(fold, fp.RuleSet) and reg.create("fold_neg_neg") is fold
+    assert reg.get("fold_neg_neg").statistics["rewrites"]
+    pipe = fp.Pipeline.parse("fold_neg_neg", registry=reg)
+    assert str(pipe) == "fold_neg_neg" and pipe.passes == [fold]
+    assert not pipe.run(llama_gm).modified  # no neg in the graph: nothing to fold

@@ -230,19 +230,19 @@ def test_split_at_leaves_graphs_without_the_op_whole():
 
 
 def test_a_given_pipeline_is_parsed_once_and_none_reads_the_default_each_time(monkeypatch):
-    import fxpass.targets.backend as backend_module
+    import fxpass.targets.runner as runner_module
 
     calls = []
-    real = backend_module.resolve_pipeline
+    real = runner_module.resolve_pipeline
 
     def counting(pipeline=None):
         calls.append(pipeline)
         return real(pipeline)
 
-    monkeypatch.setattr(backend_module, "resolve_pipeline", counting)
+    monkeypatch.setattr(runner_module, "resolve_pipeline", counting)
     be = backend("remove_assert_ops", ir="dynamo", compiler="eager")
     assert be.pipeline is be.pipeline and calls == ["remove_assert_ops"]
-    assert be._configured("default", {"fullgraph": True}).pipeline is be.pipeline
+    assert be._for_call("default", {"fullgraph": True}).pipeline is be.pipeline
     assert calls == ["remove_assert_ops"]
     default = backend(ir="dynamo", compiler="eager")
     assert default.pipeline is not default.pipeline  # made anew each time

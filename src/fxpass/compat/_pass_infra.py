@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import inspect
-from collections import deque
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -27,8 +26,10 @@ from torch import fx, nn
 from ..core.contract import Pass
 from ..core.contract import PassResult as _FxpassPassResult
 from ..core.errors import PassFailedError
+from ..core.order import topological_order
 from ..core.pipeline import Fixpoint
 from ..core.snapshot import fingerprint, same_fingerprint
+from ._policy import PASS_MANAGER
 
 __all__ = [
     "PassBase",
@@ -123,36 +124,19 @@ def _topological_sort_passes(
     """
     if len(constraints) == 0:
         return passes
-    users: dict[Any, list[Any]] = {p: [] for p in passes}
-    indegree: dict[Any, int] = dict.fromkeys(passes, 0)
-    ready: deque[Any] = deque()
-    for a in passes:
-        for b in passes:
-            if a == b:
-                continue
-            for constraint in constraints:
-                if not constraint(a, b):
-                    users[b].append(a)
-                    indegree[a] += 1
-        if indegree[a] == 0:
-            ready.append(a)
-    visited: dict[Any, bool] = dict.fromkeys(passes, False)
-    ordered: list[Any] = []
-    while ready:
-        p = ready.popleft()
-        ordered.append(p)
-        visited[p] = True
-        for n in users[p]:
-            if not visited[n]:
-                indegree[n] -= 1
-                if indegree[n] == 0:
-                    ready.append(n)
-    cycle_passes = [p for p, d in indegree.items() if d != 0]
+    # torch's edges: c(a, b) False puts b before a, once per constraint that says so
+    succ: list[list[int]] = [[] for _ in passes]
+    for i, a in enumerate(passes):
+        for j, b in enumerate(passes):
+            if a != b:
+                succ[j].extend(i for c in constraints if not c(a, b))
+    order, indegree = topological_order(succ, fifo=True)
+    cycle_passes = [p for p, d in zip(passes, indegree, strict=True) if d != 0]
     if cycle_passes:
         raise RuntimeError(
             f"Circular dependency detected within the following passes: {cycle_passes}"
         )
-    return ordered
+    return [passes[i] for i in order]
 
 
 def this_before_that_pass_constraint(
@@ -199,10 +183,8 @@ class _Steps(Fixpoint):
             run_checks_after_each_pass=manager.run_checks_after_each_pass,
             suppress_check_failures=manager.suppress_check_failures,
             checks=[manager.check],
+            policy=PASS_MANAGER,
         )
-        self._check_input = False  # PassManager.__call__ checks the input itself, as torch does
-        self._check_every_pass = True
-        self._quiet_limit = True
 
 
 class PassManager:

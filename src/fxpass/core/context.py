@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,7 +19,14 @@ if TYPE_CHECKING:
     from .instrument import Instrumentation
     from .report import PassRecord
 
-__all__ = ["ChangeEvent", "DebugCounter", "PassContext", "current_context", "scoped", "stat"]
+__all__ = [
+    "ChangeEvent",
+    "DebugCounter",
+    "PassContext",
+    "current_context",
+    "scoped",
+    "stat",
+]
 
 T = TypeVar("T")
 
@@ -61,37 +68,62 @@ class DebugCounter:
 
 
 @dataclass
-class PassContext:
-    """State shared by the passes of one pipeline run."""
+class _RunState:
+    """What a pipeline run keeps for itself (passes and instruments do not use it): the
+    records of the passes now running, the deferred recompile, the pipelines whose checks
+    apply, installed invariants, the passes that completed, the last fingerprint and the
+    suppressed check failures."""
 
-    sample_inputs: Sequence[Any] | None = None
-    instruments: list[Instrumentation] = field(default_factory=list)
-    debug_counter: DebugCounter | None = None
-    actions: int = 0
     records: list[PassRecord] = field(default_factory=list)
-    pass_path: list[str] = field(default_factory=list)
     recompiler: Any = None
     checks: list[Any] = field(default_factory=list)  # pipelines whose checks apply now
     invariants: list[Any] = field(default_factory=list)  # installed by passes that ran
     ran: list[str] = field(default_factory=list)  # leaf passes that completed, in order
     fp: Any = None  # (module, fingerprint) after the last pass
     suppressed: list[str] = field(default_factory=list)
+
+
+def _enabled(name: str) -> bool:
+    return True
+
+
+@dataclass
+class PassContext:
+    """What the passes and instruments of one pipeline run can reach.
+
+    ``sample_inputs`` (for lowering passes), the ``instruments`` attached, the
+    ``debug_counter``, ``actions`` asked about so far, ``pass_path`` (names of the passes
+    now running, outermost first), ``enabled(name)`` (whether a pass may run: the
+    registry's ``enable``/``disable`` unless the run was given another), and — for hooks —
+    ``changed`` and ``error``. What the run keeps for itself is private.
+    """
+
+    sample_inputs: Sequence[Any] | None = None
+    instruments: list[Instrumentation] = field(default_factory=list)
+    debug_counter: DebugCounter | None = None
+    enabled: Callable[[str], bool] = _enabled
+    actions: int = 0
+    pass_path: list[str] = field(default_factory=list)
     error: Any = None  # the PassFailedError of a failed run, for after_pipeline hooks
     #: In ``after_pass`` hooks: whether the run of the pass that just returned changed the
     #: graph. ``record.modified`` is whether any of its runs did (it accumulates over a
     #: fixpoint's rounds), so hooks that act on a change read this instead.
     changed: bool = False
+    #: the run's own bookkeeping (the pipeline's, not the passes')
+    _run: _RunState = field(default_factory=_RunState, repr=False, init=False)
 
     @property
     def record(self) -> PassRecord | None:
         """The record of the innermost pass now running."""
-        return self.records[-1] if self.records else None
+        records = self._run.records
+        return records[-1] if records else None
 
     def stat(self, name: str, value: float = 1) -> None:
         """Add ``value`` to the statistic ``name`` of the pass now running."""
-        record = self.record
-        if record is not None:
-            record.stats[name] = record.stats.get(name, 0) + value
+        records = self._run.records
+        if records:
+            stats = records[-1].stats
+            stats[name] = stats.get(name, 0) + value
 
     def allow(self) -> bool:
         """Ask before making one change; False means skip it (a debug counter said so)."""

@@ -19,12 +19,13 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
 
-__all__ = ["FunctionPass", "ObjectPass", "Pass", "PassResult", "as_pass"]
+__all__ = ["FunctionPass", "Hooks", "ObjectPass", "Pass", "PassResult", "as_pass", "hooks"]
 
 
 class PassResult(_TorchPassResult):
@@ -51,6 +52,31 @@ class PassResult(_TorchPassResult):
         return f"PassResult(graph_module=<{name}>, modified={self.modified}, stats={self.stats})"
 
 
+@dataclass
+class Hooks:
+    """What the layers above the contract plug in when they are imported, so that the
+    contract depends on none of them (``fxpass.core`` imports them all):
+
+    * ``run_alone(pass, gm, sample_inputs, **kw)`` runs a pass as a one-pass pipeline
+      (installed by :mod:`fxpass.core.pipeline`; ``pass(gm)`` calls it);
+    * ``by_name(name)`` makes the registered pass ``name`` (installed by
+      :mod:`fxpass.core.spec`; :func:`as_pass` calls it for strings);
+    * ``parse(spec, registry)`` builds a pipeline from spec text (installed by
+      :mod:`fxpass.core.spec`; ``Pipeline.parse`` calls it);
+    * ``enabled(name)`` says whether a pass may run; a run copies it into its context
+      (installed by :mod:`fxpass.core.registry`: its ``enable``/``disable``).
+    """
+
+    run_alone: Callable[..., PassResult] | None = None
+    by_name: Callable[[str], Pass] | None = None
+    parse: Callable[[str, Any], Any] | None = None
+    enabled: Callable[[str], bool] = lambda name: True
+
+
+#: The one set of hooks (see :class:`Hooks`).
+hooks = Hooks()
+
+
 def _snake(name: str) -> str:
     name = re.sub(r"Pass$", "", name) or name
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
@@ -75,6 +101,9 @@ class Pass:
     """
 
     name: str = ""
+    #: How the pass was written where it came from (``fuse{eps=1e-6}``, ``pkg.mod:fn``): set
+    #: once, by the registry or the spec reader that built it; :attr:`spec` prints it.
+    written_as: str | None = None
     needs_code: bool = False
     statistics: Mapping[str, str] = {}
     invariants: Sequence[Callable[[fx.GraphModule], Any]] = ()
@@ -87,7 +116,7 @@ class Pass:
     @property
     def spec(self) -> str:
         """The pass as text in a pipeline spec (its registered name and options)."""
-        return getattr(self, "_fxpass_spec", None) or self.name
+        return self.written_as or self.name
 
     def requires(self, gm: fx.GraphModule) -> None:
         """Raise if ``gm`` does not meet this pass's preconditions."""
@@ -108,9 +137,10 @@ class Pass:
         return result
 
     def __call__(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
-        from .pipeline import Pipeline
-
-        return Pipeline([self], name=self.name).run(gm, sample_inputs, **kw)
+        """Run the pass on ``gm`` as a one-pass pipeline (keywords as for ``Pipeline.run``)."""
+        if hooks.run_alone is None:  # pragma: no cover - fxpass.core imports the pipeline
+            raise RuntimeError("import fxpass before calling a pass")
+        return hooks.run_alone(self, gm, sample_inputs, **kw)
 
     def __str__(self) -> str:
         return self.spec
@@ -170,7 +200,7 @@ class FunctionPass(Pass):
             self.needs_code = bool(getattr(fn, "needs_code", False))
         path = _import_path(fn)
         if path and not options and name is None:
-            self._fxpass_spec = path
+            self.written_as = path
         self.statistics = dict(getattr(fn, "statistics", {}))
         self.invariants = tuple(getattr(fn, "invariants", ()))
 
@@ -213,9 +243,9 @@ def as_pass(obj: Any) -> Pass:
     if isinstance(obj, Pass):
         return obj
     if isinstance(obj, str):
-        from .registry import REGISTRY
-
-        return REGISTRY.create(obj)
+        if hooks.by_name is None:  # pragma: no cover - fxpass.core imports the spec reader
+            raise RuntimeError(f"import fxpass before naming pass '{obj}'")
+        return hooks.by_name(obj)
     if isinstance(obj, type):
         if issubclass(obj, Pass):
             return obj()

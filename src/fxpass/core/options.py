@@ -14,16 +14,17 @@ parsed (a bad value is a :class:`~fxpass.SpecError` pointing at its column), and
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import json
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Option", "Range", "options_of"]
+__all__ = ["Option", "Range", "bind_options", "options_of"]
 
 _MISSING = inspect.Parameter.empty
 _BARE = re.compile(r"^[A-Za-z0-9_.+\-:/*]+$")
@@ -119,7 +120,46 @@ def _type_name(ann: Any) -> str:
 
 
 class _Mismatch(ValueError):
-    pass
+    """An option that does not fit; ``key`` names it and ``at_value`` says whether its value
+    (rather than its name) is wrong, so a spec error can point at the right column."""
+
+    def __init__(self, message: str, key: str | None = None, at_value: bool = False) -> None:
+        super().__init__(message)
+        self.key = key
+        self.at_value = at_value
+
+
+def bind_options(
+    declared: Mapping[str, Option], given: Mapping[str, Any], owner: str, *, written: bool = False
+) -> dict[str, Any]:
+    """Check ``given`` against the options pass ``owner`` ``declared`` and convert each value
+    (the one place options are validated). With ``written`` the values are ``(text,
+    quoted)`` as read from a spec and are parsed. Raises ``_Mismatch`` naming the option."""
+    values = {}
+    for key, value in given.items():
+        opt = declared.get(key)
+        if opt is None:
+            raise _Mismatch(unknown_option(declared, key, owner), key)
+        try:
+            values[key] = opt.parse(*value) if written else opt.convert(value)
+        except _Mismatch as e:
+            raise _Mismatch(str(e), key, at_value=True) from None
+    for key, opt in declared.items():
+        if opt.required and key not in values:
+            raise _Mismatch(
+                f"pass '{owner}' needs option '{key}' ({opt.type_name}): write {owner}{{{key}=...}}"
+            )
+    return {key: values[key] for key in declared if key in values}
+
+
+def unknown_option(declared: Mapping[str, Option], key: str, owner: str) -> str:
+    """The message for an option ``owner`` does not declare (with the closest name)."""
+    if not declared:
+        return f"pass '{owner}' takes no options, but got '{key}'"
+    known = ", ".join(o.describe() for o in declared.values())
+    close = difflib.get_close_matches(key, list(declared), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"pass '{owner}' has no option '{key}'{hint} (its options: {known})"
 
 
 def _convert(ann: Any, value: Any, name: str) -> Any:

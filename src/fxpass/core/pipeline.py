@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import heapq
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from torch import fx
 
 from .context import DebugCounter, PassContext, _activate, current_context, scoped
-from .contract import Pass, PassResult, as_pass
+from .contract import Pass, PassResult, as_pass, hooks
 from .errors import (
     CheckFailedError,
     ConstraintCycleError,
@@ -45,11 +45,12 @@ from .errors import (
 )
 from .instrument import Instrumentation
 from .options import Option, Range
+from .order import topological_order
 from .recompile import DeferredRecompile
 from .report import PassRecord, Report
 from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
 
-__all__ = ["Fixpoint", "Pipeline", "fixpoint", "instrumented"]
+__all__ = ["Fixpoint", "Pipeline", "RunPolicy", "fixpoint", "instrumented"]
 
 Check = Callable[[fx.GraphModule], Any]
 
@@ -69,6 +70,26 @@ def instrumented(*instruments: Instrumentation) -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True)
+class RunPolicy:
+    """How a pipeline applies its checks and its round limit. fxpass's own runs use the
+    defaults; a compatibility layer passes its own (torch's and ExecuTorch's pass managers
+    check after unchanged passes too, and treat their round limit as a cap).
+
+    ``check_input``: run the checks on the input before the first pass;
+    ``check_unchanged``: run them after passes that changed nothing too;
+    ``warn_at_limit``: note and warn when a fixpoint stops at ``max_iterations`` while
+    still changing the graph.
+    """
+
+    check_input: bool = True
+    check_unchanged: bool = False
+    warn_at_limit: bool = True
+
+
+_DEFAULT_POLICY = RunPolicy()
+
+
 class Pipeline(Pass):
     """An ordered list of passes that is itself a pass.
 
@@ -83,12 +104,10 @@ class Pipeline(Pass):
         run_checks_after_each_pass: run the checks at all (off: no lint, no user checks).
         suppress_check_failures: record and warn instead of raising when a check fails.
         instrument: instrumentation attached to every run of this pipeline.
+        policy: how checks and the round limit apply (see :class:`RunPolicy`).
     """
 
     name = "pipeline"
-    _check_every_pass = False  # torch's PassManager checks after unchanged passes too
-    _quiet_limit = False  # torch's `steps` is a cap, not a convergence promise
-    _check_input = True
 
     def __init__(
         self,
@@ -101,8 +120,10 @@ class Pipeline(Pass):
         run_checks_after_each_pass: bool = True,
         suppress_check_failures: bool = False,
         instrument: Iterable[Instrumentation] = (),
+        policy: RunPolicy = _DEFAULT_POLICY,
     ) -> None:
         self._passes: list[Pass] = [as_pass(p) for p in passes]
+        self.policy = policy
         if name:
             self.name = name
         self._constraints: list[Any] = []
@@ -178,20 +199,7 @@ class Pipeline(Pass):
                         ua, ub = getattr(a, "fn", a), getattr(b, "fn", b)
                         if not c(ua, ub):
                             succ[j].add(i)
-        indegree = [0] * n
-        for i in range(n):
-            for j in succ[i]:
-                indegree[j] += 1
-        ready = [i for i in range(n) if indegree[i] == 0]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for j in sorted(succ[i]):
-                indegree[j] -= 1
-                if indegree[j] == 0:
-                    heapq.heappush(ready, j)
+        order, indegree = topological_order(succ)
         if len(order) < n:
             left = {i for i in range(n) if indegree[i] > 0}
             raise ConstraintCycleError([passes[i].name for i in _find_cycle(succ, left)])
@@ -201,9 +209,9 @@ class Pipeline(Pass):
     @classmethod
     def parse(cls, spec: str, registry: Any = None) -> Pipeline:
         """Build a pipeline from text, e.g. ``"remove_assert_ops,fixpoint(cse,dce)"``."""
-        from .spec import build_pipeline
-
-        return build_pipeline(spec, registry)
+        if hooks.parse is None:  # pragma: no cover - fxpass.core imports the spec reader
+            raise RuntimeError("import fxpass before parsing a pipeline spec")
+        return hooks.parse(spec, registry)
 
     @property
     def body_spec(self) -> str:
@@ -217,11 +225,10 @@ class Pipeline(Pass):
 
     @property
     def spec(self) -> str:
-        own = getattr(self, "_fxpass_spec", None)
-        return own or f"{self.head}({self.body_spec})"
+        return self.written_as or f"{self.head}({self.body_spec})"
 
     def __str__(self) -> str:
-        return getattr(self, "_fxpass_spec", None) or self.body_spec
+        return self.written_as or self.body_spec
 
     def __repr__(self) -> str:
         return f"Pipeline({str(self)!r})"
@@ -261,24 +268,28 @@ class Pipeline(Pass):
             return PassResult(new_gm, modified)
         instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
         ctx = PassContext(
-            sample_inputs=sample_inputs, instruments=instruments, debug_counter=debug_counter
+            sample_inputs=sample_inputs,
+            instruments=instruments,
+            debug_counter=debug_counter,
+            enabled=hooks.enabled,
         )
-        ctx.recompiler = DeferredRecompile()
+        state = ctx._run
+        state.recompiler = DeferredRecompile()
         root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
-        report = Report(root=root, suppressed=ctx.suppressed)
+        report = Report(root=root, suppressed=state.suppressed)
         snapshot = GraphSnapshot.take(gm)
-        ctx.recompiler.install(gm)
+        state.recompiler.install(gm)
         new_gm = gm
         t0 = time.perf_counter()
         try:
             with _activate(ctx):
                 for inst in instruments:
                     inst.before_pipeline(self, gm, ctx)
-                if self._check_input:
+                if self.policy.check_input:
                     _run_checks([self], gm, ctx, "(input)")
                 new_gm, modified = self._run_nested(gm, ctx, root)
         except PassFailedError as err:
-            ctx.recompiler.finish(recompile=False)
+            state.recompiler.finish(recompile=False)
             edited = snapshot.restore()
             root.seconds = time.perf_counter() - t0
             root.status = "failed"
@@ -296,10 +307,10 @@ class Pipeline(Pass):
                     inst.after_pipeline(self, gm, report, ctx)
             raise
         except BaseException:
-            ctx.recompiler.finish(recompile=False)
+            state.recompiler.finish(recompile=False)
             snapshot.restore()
             raise
-        ctx.recompiler.finish()
+        state.recompiler.finish()
         root.seconds = time.perf_counter() - t0
         root.modified = modified
         root.runs = 1
@@ -315,11 +326,12 @@ class Pipeline(Pass):
         return PassResult(new_gm, modified)
 
     def _run_nested(self, gm, ctx, record: PassRecord | None) -> tuple[fx.GraphModule, bool]:
-        ctx.checks.append(self)
+        checks = ctx._run.checks
+        checks.append(self)
         try:
             return self._run_body(gm, ctx, record)
         finally:
-            ctx.checks.pop()
+            checks.pop()
 
     def _run_body(self, gm, ctx, record):
         modified = False
@@ -369,7 +381,7 @@ class Fixpoint(Pipeline):
 
     @property
     def spec(self) -> str:
-        return getattr(self, "_fxpass_spec", None) or f"{self.head}({self.body_spec})"
+        return self.written_as or f"{self.head}({self.body_spec})"
 
     def __str__(self) -> str:
         return self.spec
@@ -393,8 +405,8 @@ class Fixpoint(Pipeline):
             f"{self.max_iterations} iterations"
         )
         if self.strict:
-            raise PassFailedError(self.name, ctx.ran, NonConvergenceError(msg))
-        if self._quiet_limit:
+            raise PassFailedError(self.name, ctx._run.ran, NonConvergenceError(msg))
+        if not self.policy.warn_at_limit:
             return gm, modified
         if record is not None:
             record.notes.append(msg)
@@ -407,12 +419,6 @@ def fixpoint(*passes: Any, max_iterations: int = 10, strict: bool = False) -> Fi
     if len(passes) == 1 and isinstance(passes[0], (list, tuple)):
         passes = tuple(passes[0])
     return Fixpoint(passes, max_iterations=max_iterations, strict=strict)
-
-
-def _is_enabled(p: Pass) -> bool:
-    from .registry import REGISTRY
-
-    return REGISTRY.is_enabled(p.name)
 
 
 def _interpret(p: Pass, ret: Any, gm: fx.GraphModule, record: PassRecord):
@@ -440,17 +446,18 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         record = PassRecord(name=p.name, spec=p.spec, nodes_before=len(gm.graph.nodes))
         if parent is not None:
             parent.children.append(record)
-    if not _is_enabled(p):
+    if not ctx.enabled(p.name):
         record.status = "skipped"
         record.notes = ["disabled in the registry"]
         return (gm, False, record) if keep else (gm, False)
-    before = ctx.fp[1] if ctx.fp is not None and ctx.fp[0] is gm else fingerprint(gm)
-    ctx.records.append(record)
+    state = ctx._run
+    before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
+    state.records.append(record)
     ctx.pass_path.append(p.name)
     for inst in ctx.instruments:
         inst.before_pass(record, gm, ctx)
     if p.needs_code:
-        ctx.recompiler.ensure_code(gm)
+        state.recompiler.ensure_code(gm)
     t0 = time.perf_counter()
     try:
         ret = p.execute(gm, ctx)
@@ -466,14 +473,14 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         record.error = f"{type(e).__name__}: {e}"
         for inst in ctx.instruments:
             inst.on_failure(record, gm, e, ctx)
-        raise PassFailedError(p.name, ctx.ran, e) from e
+        raise PassFailedError(p.name, state.ran, e) from e
     finally:
-        ctx.records.pop()
+        state.records.pop()
         ctx.pass_path.pop()
     record.seconds += time.perf_counter() - t0
     record.runs += 1
     if new_gm is not gm:
-        ctx.recompiler.install(new_gm)
+        state.recompiler.install(new_gm)
         changed = True
         after = fingerprint(new_gm)
     else:
@@ -484,33 +491,40 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
             note = "said it did not change the graph, but it did"
             if note not in record.notes:
                 record.notes.append(note)
-    ctx.fp = (new_gm, after)
+    state.fp = (new_gm, after)
     ctx.changed = changed
     record.modified |= changed
     record.nodes_after = len(new_gm.graph.nodes)
     for inst in ctx.instruments:
         inst.after_pass(record, new_gm, ctx)
     if changed:
-        ctx.recompiler.mark_stale(new_gm)
-        ctx.invariants.extend(c for c in p.invariants if c not in ctx.invariants)
+        state.recompiler.mark_stale(new_gm)
+        state.invariants.extend(c for c in p.invariants if c not in state.invariants)
     if not isinstance(p, Pipeline):
-        pipelines = ctx.checks if changed else [c for c in ctx.checks if c._check_every_pass]
-        if pipelines:
-            try:
-                _run_checks(pipelines, new_gm, ctx, p.name)
-            except CheckFailedError as e:
-                record.status = "failed"
-                record.error = str(e).split("\n", 1)[0]
-                for inst in ctx.instruments:
-                    inst.on_failure(record, new_gm, e, ctx)
-                raise
-        ctx.ran.append(p.name)
+        _after_leaf(p, new_gm, ctx, record, changed)
     return (new_gm, changed, record) if keep else (new_gm, changed)
+
+
+def _after_leaf(p: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecord, changed):
+    """After a pass that is not a pipeline: the checks that apply, then count it as ran."""
+    state = ctx._run
+    pipelines = state.checks if changed else [c for c in state.checks if c.policy.check_unchanged]
+    if pipelines:
+        try:
+            _run_checks(pipelines, gm, ctx, p.name)
+        except CheckFailedError as e:
+            record.status = "failed"
+            record.error = str(e).split("\n", 1)[0]
+            for inst in ctx.instruments:
+                inst.on_failure(record, gm, e, ctx)
+            raise
+    state.ran.append(p.name)
 
 
 def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, after: str) -> None:
     """Run the lint and user checks of ``pipelines`` on ``gm`` (after pass ``after``), and
     the invariants passes installed (under the innermost pipeline that runs checks)."""
+    state = ctx._run
     active = [pipe for pipe in pipelines if pipe.run_checks_after_each_pass]
     for i, pipe in enumerate(active):
         checks: list[tuple[str, Check]] = []
@@ -518,17 +532,17 @@ def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, aft
             checks.append(("lint", lambda g: g.graph.lint()))
         checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
         if i == len(active) - 1:
-            checks.extend((getattr(c, "__name__", repr(c)), c) for c in ctx.invariants)
+            checks.extend((getattr(c, "__name__", repr(c)), c) for c in state.invariants)
         for check_name, check in checks:
             try:
                 if check(gm) is False:
                     raise AssertionError("the check returned False")
             except Exception as e:
                 if not pipe.suppress_check_failures:
-                    raise CheckFailedError(after, check_name, ctx.ran, e) from e
+                    raise CheckFailedError(after, check_name, state.ran, e) from e
                 where = "on the input" if after == "(input)" else f"after pass '{after}'"
                 msg = f"check '{check_name}' failed {where}: {type(e).__name__}: {e}"
-                ctx.suppressed.append(msg)
+                state.suppressed.append(msg)
                 warnings.warn(f"fxpass: suppressed {msg}", stacklevel=2)
 
 
@@ -547,3 +561,11 @@ def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
     cycle = path[seen[node] :][::-1]
     first = cycle.index(min(cycle))  # start at the earliest pass, for a stable message
     return cycle[first:] + cycle[:first]
+
+
+def _run_alone(p: Pass, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
+    """``p(gm)``: the pass as a one-pass pipeline (honest "modified", rollback, one recompile)."""
+    return Pipeline([p], name=p.name).run(gm, sample_inputs, **kw)
+
+
+hooks.run_alone = _run_alone

@@ -30,10 +30,11 @@ from typing import Any
 
 from torch import fx
 
-from .contract import FunctionPass, Pass, PassResult, _is_lowering
+from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks
 from .errors import OptionError, UnknownPassError
 from .imports import resolve_import
-from .options import Option, _Mismatch, format_value, options_of
+from .options import Option, _Mismatch, bind_options, format_value, options_of, unknown_option
+from .pipeline import Fixpoint, Pipeline
 
 __all__ = ["REGISTRY", "PassInfo", "PassList", "Registry", "resolve_import"]
 
@@ -89,19 +90,20 @@ class PassInfo:
         spec: str | None = None,
     ) -> Pass:
         """Make the pass with ``options`` (validated); ``spec`` overrides how it prints."""
-        options = dict(options or {})
-        for key in options:
-            if key not in self.options:
-                raise _Mismatch(self._unknown_option(key))
-        values = {}
-        for key, opt in self.options.items():
-            if key in options:
-                values[key] = opt.convert(options[key])
-            elif opt.required:
-                raise _Mismatch(
-                    f"pass '{self.name}' needs option '{key}' ({opt.type_name}): "
-                    f"write {self.name}{{{key}=...}}"
-                )
+        return self.make(self.bind(options or {}), children, spec=spec)
+
+    def bind(self, options: Mapping[str, Any], *, written: bool = False) -> dict[str, Any]:
+        """The options checked and converted (``written``: ``(text, quoted)`` from a spec)."""
+        return bind_options(self.options, options, self.name, written=written)
+
+    def make(
+        self,
+        values: Mapping[str, Any],
+        children: Sequence[Any] | None = None,
+        *,
+        spec: str | None = None,
+    ) -> Pass:
+        """Make the pass from options :meth:`bind` returned."""
         if self.takes_pipeline:
             p = self.factory(list(children or ()), **values)
         elif children is not None:
@@ -110,21 +112,17 @@ class PassInfo:
             p = self.factory(**values)
         if spec is None:
             spec = self.name
-            if options:
+            if values:
                 spec += "{" + " ".join(f"{k}={format_value(v)}" for k, v in values.items()) + "}"
             if self.takes_pipeline:
                 spec += "(" + ",".join(_as_pass_spec(c) for c in children or ()) + ")"
-        p._fxpass_spec = spec
+        p.written_as = spec
         p.name = self.name
         return p
 
-    def _unknown_option(self, key: str) -> str:
-        if not self.options:
-            return f"pass '{self.name}' takes no options, but got '{key}'"
-        known = ", ".join(o.describe() for o in self.options.values())
-        close = difflib.get_close_matches(key, list(self.options), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        return f"pass '{self.name}' has no option '{key}'{hint} (its options: {known})"
+    def unknown_option(self, key: str) -> str:
+        """The message for an option this pass does not have."""
+        return unknown_option(self.options, key, self.name)
 
 
 def _as_pass_spec(p: Any) -> str:
@@ -175,8 +173,6 @@ class PassList:
 
     def pipeline(self) -> Any:
         """A :class:`~fxpass.Pipeline` of the list's passes, as it stands now."""
-        from .pipeline import Pipeline
-
         pipe = Pipeline([self.registry.create(n) for n in self._names], name=self.name)
         return pipe
 
@@ -218,18 +214,31 @@ class Registry:
         takes_pipeline: bool = False,
         replace: bool = False,
         origin: str = "user",
+        statistics: Mapping[str, str] | None = None,
     ) -> Any:
-        """Register a pass function, :class:`Pass` subclass or pipeline factory under ``name``.
+        """Register a pass function, :class:`Pass` subclass or object, or pipeline factory.
 
-        Use as ``@register``, ``@register("name")`` or ``@register("name", index=0)``. With
-        ``index`` or ``pass_list`` the pass is also inserted into that pass list (``default``
-        when only ``index`` is given). Options come from the signature (see
-        :mod:`fxpass.core.options`). Registering a taken name is an error unless ``replace``.
+        Use as ``@register``, ``@register("name")`` or ``@register("name", index=0)``, or
+        call it on a pass object: ``register(RuleSet("fold", [...]))`` registers the rule set
+        under its own name and returns it. With ``index`` or ``pass_list`` the pass is also
+        inserted into that pass list (``default`` when only ``index`` is given). Options
+        come from the signature (see :mod:`fxpass.core.options`); ``statistics`` declares
+        what the pass counts (name -> description; it becomes the pass's ``statistics``).
+        Registering a taken name is an error unless ``replace``.
         """
         if callable(name) and not isinstance(name, str):
-            return self.register(None, index=index, pass_list=pass_list, origin=origin)(name)
+            return self.register(
+                None,
+                index=index,
+                pass_list=pass_list,
+                replace=replace,
+                origin=origin,
+                statistics=statistics,
+            )(name)
 
         def decorate(obj: Any) -> Any:
+            if statistics is not None:
+                obj.statistics = dict(statistics)
             info = self._info_for(obj, name, takes_pipeline, origin)
             if info.name in self._infos and not replace:
                 raise ValueError(
@@ -375,8 +384,6 @@ REGISTRY = Registry()
 
 
 def _register_builtins(reg: Registry) -> None:
-    from .pipeline import Fixpoint, Pipeline
-
     def pipeline(passes: list) -> Pipeline:
         """A nested pipeline (groups passes, e.g. for constraints or reporting)."""
         return Pipeline(passes)
@@ -395,6 +402,7 @@ def _register_builtins(reg: Registry) -> None:
 
 
 _register_builtins(REGISTRY)
+hooks.enabled = REGISTRY.is_enabled
 
 
 def register(
@@ -403,11 +411,27 @@ def register(
     index: int | None = None,
     pass_list: str | None = None,
     replace: bool = False,
+    statistics: Mapping[str, str] | None = None,
 ) -> Any:
-    """Register a pass in fxpass's registry (see :meth:`Registry.register`)."""
-    return REGISTRY.register(name, index=index, pass_list=pass_list, replace=replace)
+    """Register a pass in fxpass's registry (see :meth:`Registry.register`).
+
+    ``@register("name", statistics={"merged": "nodes merged"})`` declares what the pass
+    counts with :func:`fxpass.stat`; ``register(rule_set)`` registers a pass object (a
+    :class:`~fxpass.RuleSet`, a ``Pipeline``) under its own name.
+    """
+    return REGISTRY.register(
+        name, index=index, pass_list=pass_list, replace=replace, statistics=statistics
+    )
 
 
-def _builtin(name: str, *, index: int | None = None, pass_list: str | None = None):
-    """Register one of fxpass's own passes."""
-    return REGISTRY.register(name, index=index, pass_list=pass_list, origin="fxpass")
+def _builtin(
+    name: str,
+    *,
+    index: int | None = None,
+    pass_list: str | None = None,
+    statistics: Mapping[str, str] | None = None,
+):
+    """Register one of fxpass's own passes (as :func:`register`)."""
+    return REGISTRY.register(
+        name, index=index, pass_list=pass_list, origin="fxpass", statistics=statistics
+    )

@@ -35,6 +35,7 @@ from .errors import FxpassError, SpecError
 from .imports import cwd_on_path, import_modules, resolve_import
 from .instrument import Instrumentation
 from .pipeline import Pipeline
+from .registry import REGISTRY
 from .serialize import load_graph, save_graph
 from .spec import parse_spec
 
@@ -60,7 +61,7 @@ def _render(p: Pass, unnamed: list[str]) -> str:
     if isinstance(p, Pipeline):
         if not _has_user_pass(p):
             return p.spec
-        own = getattr(p, "_fxpass_spec", None)
+        own = p.written_as
         if own is None or ":" in own.split("(", 1)[0]:
             ref = _global_ref(p)
             if ref is not None:
@@ -83,7 +84,7 @@ def _render(p: Pass, unnamed: list[str]) -> str:
 
 def _container_head(p: Pipeline) -> str:
     """``fixpoint{...}`` or ``pipeline``: how a nested pipeline is written around its body."""
-    own = getattr(p, "_fxpass_spec", None)
+    own = p.written_as
     head = _head(own) if own else None
     if head is not None:
         info = _registered(head[0])
@@ -106,8 +107,6 @@ def _head(spec: str) -> tuple[str, str] | None:
 
 
 def _registered(name: str) -> Any:
-    from .registry import REGISTRY
-
     return REGISTRY.get(name) if name in REGISTRY else None
 
 

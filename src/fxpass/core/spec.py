@@ -28,12 +28,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import Pass, as_pass
+from .contract import Pass, as_pass, hooks
 from .errors import OptionError, SpecError, UnknownPassError
 from .imports import resolve_import
 from .options import _Mismatch
+from .pipeline import Pipeline
+from .registry import REGISTRY, Registry
 
-__all__ = ["Element", "build_pipeline", "parse_spec"]
+__all__ = ["Element", "build_pipeline", "by_name", "parse_spec", "resolve_pipeline"]
 
 _NAME_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
 _NAME_CHARS = _NAME_START + "0123456789.-:"
@@ -248,7 +250,7 @@ def _reference(el: Element, spec: str, registry: Any) -> Any:
     except TypeError as e:
         raise SpecError(f"'{el.name}': {e}", spec, el.column) from None
     p = copy.copy(p) if p is obj else p  # the module's object stays as it was
-    p._fxpass_spec = el.text()  # prints back as the reference
+    p.written_as = el.text()  # prints back as the reference
     return p
 
 
@@ -270,17 +272,13 @@ def _build(el: Element, spec: str, registry: Any) -> Any:
             spec,
             el.column + len(el.name),
         )
-    values: dict[str, Any] = {}
-    for opt in el.options:
-        if opt.key not in info.options:
-            raise OptionError(info._unknown_option(opt.key), spec, opt.column)
-        try:
-            values[opt.key] = info.options[opt.key].parse(opt.value, opt.quoted)
-        except _Mismatch as e:
-            raise OptionError(str(e), spec, opt.value_column) from None
+    try:
+        values = info.bind({o.key: (o.value, o.quoted) for o in el.options}, written=True)
+    except _Mismatch as e:
+        raise OptionError(str(e), spec, _column(el, e)) from None
     children = [_build(c, spec, registry) for c in el.children] if el.children else None
     try:
-        return info.create(values, children, spec=el.text())
+        return info.make(values, children, spec=el.text())
     except _Mismatch as e:
         raise OptionError(str(e), spec, el.column) from None
     except (ValueError, TypeError) as e:  # a pass's own constructor refused its options
@@ -291,11 +289,44 @@ def _build(el: Element, spec: str, registry: Any) -> Any:
         ) from None
 
 
-def build_pipeline(spec: str, registry: Any = None) -> Any:
-    """Parse ``spec`` and build the :class:`~fxpass.Pipeline` it describes."""
-    from .pipeline import Pipeline
-    from .registry import REGISTRY
+def _column(el: Element, e: _Mismatch) -> int:
+    """Where a bad option was written: its value, its name, or (missing) the pass."""
+    for opt in el.options:
+        if opt.key == e.key:
+            return opt.value_column if e.at_value else opt.column
+    return el.column
 
+
+def build_pipeline(spec: str, registry: Registry | None = None) -> Pipeline:
+    """Parse ``spec`` and build the :class:`~fxpass.Pipeline` it describes."""
     registry = registry or REGISTRY
     elements = parse_spec(spec)
     return Pipeline([_build(el, spec, registry) for el in elements])
+
+
+def resolve_pipeline(pipeline: Any = None) -> Pipeline:
+    """Turn what :func:`fxpass.apply` and the targets accept into a :class:`~fxpass.Pipeline`.
+
+    None is the registered ``default`` pipeline as it stands now; a string is a spec; a
+    list is a pipeline of those passes; a single pass runs alone.
+    """
+    if pipeline is None:
+        made = REGISTRY.create("default")
+        return made if isinstance(made, Pipeline) else Pipeline([made], name="default")
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if isinstance(pipeline, str):
+        return build_pipeline(pipeline)
+    if isinstance(pipeline, (list, tuple)):
+        return Pipeline(pipeline)
+    p = as_pass(pipeline)
+    return p if isinstance(p, Pipeline) else Pipeline([p], name=p.name)
+
+
+def by_name(name: str) -> Pass:
+    """The pass registered as ``name`` (what :func:`~fxpass.as_pass` does with a string)."""
+    return REGISTRY.create(name)
+
+
+hooks.by_name = by_name
+hooks.parse = build_pipeline

@@ -103,7 +103,12 @@ RULES = RuleSet(
 )
 
 
-@_builtin("fuse_allreduce_add_rmsnorm")
+@_builtin(
+    "fuse_allreduce_add_rmsnorm",
+    statistics={
+        "rewrites": "all-reduces fused with the residual add and norm after them",
+    },
+)
 def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule) -> bool:
     """Fuse a sum all-reduce, the residual add it feeds and the RMSNorm of the sum into
     ``fxpass::all_reduce_add_rmsnorm(partial, residual, w, eps, weight_offset, group)``.
@@ -120,8 +125,3 @@ def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule) -> bool:
     """
     sunk = [sink_below_views(*pair) for pair in sum_all_reduces(gm)]
     return rewrite(gm, RULES, once=True).modified or any(sunk)
-
-
-fuse_allreduce_add_rmsnorm.statistics = {
-    "rewrites": "all-reduces fused with the residual add and norm after them",
-}

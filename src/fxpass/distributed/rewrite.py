@@ -379,7 +379,15 @@ def _apply(gm, flow: Flow, layouts, rank: int, world_size: int, group: str) -> N
     stat("weight_bytes_rank", after)
 
 
-@_builtin("tensor_parallel")
+@_builtin(
+    "tensor_parallel",
+    statistics={
+        "sharded_weights": "weights cut across ranks",
+        "collectives": "collectives inserted",
+        "weight_bytes_unsharded": "bytes of the sharded weights, whole",
+        "weight_bytes_rank": "bytes of the sharded weights on this rank",
+    },
+)
 def tensor_parallel(
     gm: fx.GraphModule,
     *,
@@ -415,9 +423,3 @@ def rank_key(*, world_size: int = 0, rank: int = -1, **_: Any) -> str:
 
 
 tensor_parallel.cache_key = rank_key
-tensor_parallel.statistics = {
-    "sharded_weights": "weights cut across ranks",
-    "collectives": "collectives inserted",
-    "weight_bytes_unsharded": "bytes of the sharded weights, whole",
-    "weight_bytes_rank": "bytes of the sharded weights on this rank",
-}

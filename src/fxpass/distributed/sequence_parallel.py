@@ -234,7 +234,14 @@ def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
     return len(pairs)
 
 
-@_builtin("sequence_parallel")
+@_builtin(
+    "sequence_parallel",
+    statistics={
+        "reduce_scatters": "all-reduces turned into reduce-scatters",
+        "all_gathers": "all-gathers inserted where all tokens are needed",
+        "slices": "replicated values sliced to this rank's tokens",
+    },
+)
 def sequence_parallel(gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1) -> bool:
     """Replace each sum all-reduce by a reduce-scatter over the tokens, run the token-wise
     ops (residual adds, norms) on this rank's tokens, and all-gather where all tokens are
@@ -252,8 +259,3 @@ def sequence_parallel(gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1
 
 
 sequence_parallel.cache_key = rank_key
-sequence_parallel.statistics = {
-    "reduce_scatters": "all-reduces turned into reduce-scatters",
-    "all_gathers": "all-gathers inserted where all tokens are needed",
-    "slices": "replicated values sliced to this rank's tokens",
-}

@@ -97,32 +97,8 @@ def fuse_partitions(
     ``partitions`` are :class:`Partition` objects or iterables of nodes; together they must
     leave the graph acyclic (:class:`PartitionCycleError` says which ones do not). Returns
     ``gm``, changed in place (its code regenerated unless ``recompile=False``).
+    The calls it makes are :func:`fused_nodes` (with ``meta["fxpass_partition"]``).
     """
-    _fuse(
-        gm,
-        partitions,
-        prefix=prefix,
-        mode=mode,
-        delegate=delegate,
-        input_order=input_order,
-        always_return_tuple=always_return_tuple,
-        recompile=recompile,
-    )
-    return gm
-
-
-def _fuse(
-    gm: fx.GraphModule,
-    partitions: Sequence[Partition | Iterable[fx.Node]],
-    *,
-    prefix: str = "fused_",
-    mode: Literal["module", "delegate"] = "module",
-    delegate: Callable[..., Any] | None = None,
-    input_order: Literal["graph", "first_use"] = "graph",
-    always_return_tuple: bool = False,
-    recompile: bool = True,
-) -> list[fx.Node]:
-    """:func:`fuse_partitions`, returning the calls it made, in graph order."""
     if mode not in ("module", "delegate"):
         raise ValueError(f"fuse_partitions: mode must be 'module' or 'delegate', not {mode!r}")
     if input_order not in ("graph", "first_use"):
@@ -135,7 +111,6 @@ def _fuse(
     if mode == "delegate" and delegate is None:
         delegate = _invoke_subgraph()
     out_of_order = False
-    calls = []
     for index, nodes in enumerate(groups):
         if not nodes:
             continue
@@ -143,13 +118,12 @@ def _fuse(
         fused = _Fusion(gm, nodes, names[index], input_order)
         fused.build(mode == "delegate" or always_return_tuple)
         out_of_order |= fused.insert(mode, delegate, index)
-        calls.append(fused.call)
     if out_of_order:
         _stable_toposort(gm.graph)
     gm.graph.lint()
     if recompile:
         gm.recompile()
-    return sorted(calls, key=_sort_key)
+    return gm
 
 
 def _check(gm: fx.GraphModule, groups: list[list[fx.Node]]) -> None:

@@ -24,12 +24,18 @@ from torch import fx
 from ..core.context import ChangeEvent, current_context
 from ..core.registry import _builtin
 from ..partition.capability import capability_partitions
-from ..partition.fuse import FUSED_META, _fuse
+from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
 
 __all__ = ["partition"]
 
 
-@_builtin("partition")
+@_builtin(
+    "partition",
+    statistics={
+        "partitions": "partitions fused into one call each",
+        "nodes": "nodes moved into the fused submodules",
+    },
+)
 def partition(
     gm: fx.GraphModule,
     *,
@@ -69,7 +75,9 @@ def partition(
         parts = kept
     if not parts:
         return False
-    calls = _fuse(gm, parts, prefix=prefix, mode=mode, recompile=False)
+    before = set(fused_nodes(gm))
+    fuse_partitions(gm, parts, prefix=prefix, mode=mode, recompile=False)
+    calls = [call for call in fused_nodes(gm) if call not in before]
     if ctx is not None:
         for call in calls:
             info = call.meta[FUSED_META]
@@ -80,9 +88,3 @@ def partition(
         ctx.stat("nodes", sum(len(p) for p in parts))
     gm.recompile()
     return True
-
-
-partition.statistics = {
-    "partitions": "partitions fused into one call each",
-    "nodes": "nodes moved into the fused submodules",
-}

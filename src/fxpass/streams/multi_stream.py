@@ -39,7 +39,19 @@ from .schedule import apply_plan
 __all__ = ["multi_stream"]
 
 
-@_builtin("multi_stream")
+@_builtin(
+    "multi_stream",
+    statistics={
+        "regions": "independent regions found",
+        "regions_split": "regions the cost model put on several streams",
+        "side_kernels": "kernels moved to a side stream",
+        "events": "events recorded",
+        "waits": "waits inserted (each needed by a dependency, none implied by another)",
+        "record_streams": "tensors kept alive for a stream that reads them",
+        "gain_us": "estimated microseconds saved per call",
+        "already_scheduled": "graphs left alone because they had stream ops",
+    },
+)
 def multi_stream(
     gm: fx.GraphModule,
     *,
@@ -82,14 +94,4 @@ def multi_stream(
     return True
 
 
-multi_stream.statistics = {
-    "regions": "independent regions found",
-    "regions_split": "regions the cost model put on several streams",
-    "side_kernels": "kernels moved to a side stream",
-    "events": "events recorded",
-    "waits": "waits inserted (each needed by a dependency, none implied by another)",
-    "record_streams": "tensors kept alive for a stream that reads them",
-    "gain_us": "estimated microseconds saved per call",
-    "already_scheduled": "graphs left alone because they had stream ops",
-}
 multi_stream.invariants = (require_safe_streams,)

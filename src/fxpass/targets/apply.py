@@ -21,9 +21,11 @@ import torch
 from torch import fx
 
 from ..core.context import DebugCounter
-from ..core.contract import Pass, as_pass
+from ..core.contract import Pass
 from ..core.pipeline import Pipeline
 from ..core.report import Report
+from .export import run_on_program
+from .runner import Runner, resolve_pipeline
 
 __all__ = ["ApplyResult", "apply", "resolve_pipeline"]
 
@@ -49,27 +51,6 @@ class ApplyResult:
         return f"ApplyResult(program=<{type(self.program).__name__}>, modified={self.modified})"
 
 
-def resolve_pipeline(pipeline: Any = None) -> Pipeline:
-    """Turn what :func:`apply` and the backends accept into a :class:`~fxpass.Pipeline`.
-
-    None is the registered ``default`` pipeline as it stands now; a string is a spec; a
-    list is a pipeline of those passes; a single pass runs alone.
-    """
-    if pipeline is None:
-        from ..core.registry import REGISTRY
-
-        made = REGISTRY.create("default")
-        return made if isinstance(made, Pipeline) else Pipeline([made], name="default")
-    if isinstance(pipeline, Pipeline):
-        return pipeline
-    if isinstance(pipeline, str):
-        return Pipeline.parse(pipeline)
-    if isinstance(pipeline, (list, tuple)):
-        return Pipeline(pipeline)
-    p = as_pass(pipeline)
-    return p if isinstance(p, Pipeline) else Pipeline([p], name=p.name)
-
-
 def apply(
     target: fx.GraphModule | torch.export.ExportedProgram,
     pipeline: Pipeline | str | Pass | Any = None,
@@ -86,22 +67,12 @@ def apply(
     (the same program when nothing changed). For an ExportedProgram, ``sample_inputs`` are
     its user inputs (default: ``ep.example_inputs``).
     """
-    pipe = resolve_pipeline(pipeline)
+    runner = Runner(resolve_pipeline(pipeline), instrument=instrument)
     if isinstance(target, torch.export.ExportedProgram):
-        from .export import run_on_program
-
-        program, result = run_on_program(
-            target,
-            pipe,
-            sample_inputs,
-            instrument=tuple(instrument),
-            debug_counter=debug_counter,
-        )
+        program, result = run_on_program(target, runner, sample_inputs, debug_counter=debug_counter)
         return ApplyResult(program, program.graph_module, result.modified, result.report)
     if isinstance(target, fx.GraphModule):
-        result = pipe.run(
-            target, sample_inputs, instrument=tuple(instrument), debug_counter=debug_counter
-        )
+        result = runner.run(target, sample_inputs, debug_counter=debug_counter)
         gm = result.graph_module
         return ApplyResult(gm, gm, result.modified, result.report)
     if isinstance(target, torch.nn.Module):

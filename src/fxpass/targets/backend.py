@@ -34,15 +34,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx
 
-from ..core.pipeline import Pipeline, instrumented
+from ..core.pipeline import Pipeline
 from ..core.report import Report
-from .apply import resolve_pipeline
 from .inductor import HOOKS, InductorPass
+from .piecewise import _nothing_to_split, _split, split_predicate
+from .runner import Runner
 
 __all__ = ["FxpassBackend", "backend", "fxpass_backend"]
 
@@ -51,8 +53,39 @@ COMPILERS = ("inductor", "eager")
 _OWN_OPTIONS = ("pipeline", "ir", "compiler", "split_at", "hook")
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """How a backend compiles (see :func:`backend` for each field)."""
+
+    pipeline: Any = None
+    ir: str = "aten"
+    compiler: str | Callable[..., Any] = "inductor"
+    hook: str = "post_grad_custom_pre_pass"
+    split_at: Any = None
+    decompositions: Mapping[Any, Callable[..., Any]] | str | None = None
+    instrument: tuple[Any, ...] = ()
+    mode: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.ir not in IRS:
+            raise ValueError(f"ir must be one of {IRS} (what the passes see), not {self.ir!r}")
+        if not callable(self.compiler) and self.compiler not in COMPILERS:
+            raise ValueError(
+                f"compiler must be one of {COMPILERS} or a function (gm, example_inputs) -> "
+                f"callable, not {self.compiler!r}"
+            )
+        if self.split_at is not None and self.ir != "dynamo":
+            raise ValueError(
+                "split_at cuts Dynamo's graph before AOTAutograd: use it with ir='dynamo' "
+                "(the pieces are then compiled with the compiler you chose)"
+            )
+        if self.hook not in HOOKS:
+            raise ValueError(f"hook must be one of {HOOKS}, not {self.hook!r}")
+
+
 class FxpassBackend:
-    """A configured torch.compile backend (see :func:`backend`); call it like any backend.
+    """A configured torch.compile backend (made by :func:`backend`); call it like any backend.
 
     ``reports`` holds the report of every pipeline run, ``compiles`` counts the graphs
     Dynamo handed over (one per compilation and recompilation).
@@ -60,55 +93,19 @@ class FxpassBackend:
 
     __name__ = "fxpass"
 
-    def __init__(
-        self,
-        pipeline: Any = None,
-        *,
-        ir: str = "aten",
-        compiler: str | Callable[..., Any] = "inductor",
-        hook: str = "post_grad_custom_pre_pass",
-        split_at: Any = None,
-        decompositions: Mapping[Any, Callable[..., Any]] | str | None = None,
-        instrument: Iterable[Any] = (),
-        mode: str | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        if ir not in IRS:
-            raise ValueError(f"ir must be one of {IRS} (what the passes see), not {ir!r}")
-        if not callable(compiler) and compiler not in COMPILERS:
-            raise ValueError(
-                f"compiler must be one of {COMPILERS} or a function (gm, example_inputs) -> "
-                f"callable, not {compiler!r}"
-            )
-        if split_at is not None and ir != "dynamo":
-            raise ValueError(
-                "split_at cuts Dynamo's graph before AOTAutograd: use it with ir='dynamo' "
-                "(the pieces are then compiled with the compiler you chose)"
-            )
-        if hook not in HOOKS:
-            raise ValueError(f"hook must be one of {HOOKS}, not {hook!r}")
-        self._pipeline = pipeline
-        self._parsed: dict[str, Pipeline] = {}  # the pipeline given, parsed once (shared)
-        self.ir = ir
-        self.compiler = compiler
-        self.hook = hook
-        self.split_at = split_at
-        self.decompositions = decompositions
-        self.instrument = tuple(instrument)
-        self.mode = mode
-        self.options = dict(options or {})
-        self.reports: list[Report] = []
+    def __init__(self, settings: _Settings, runner: Runner | None = None) -> None:
+        self.settings = settings
+        self.runner = runner or Runner(settings.pipeline, instrument=settings.instrument)
         self.compiles = 0
 
     @property
     def pipeline(self) -> Pipeline:
         """The pipeline as it stands now (the ``default`` one is read at each compile)."""
-        if self._pipeline is None:
-            return resolve_pipeline(None)
-        parsed = self._parsed.get("pipeline")
-        if parsed is None:
-            parsed = self._parsed["pipeline"] = resolve_pipeline(self._pipeline)
-        return parsed
+        return self.runner.pipeline
+
+    @property
+    def reports(self) -> list[Report]:
+        return self.runner.reports
 
     def __call__(
         self,
@@ -120,82 +117,73 @@ class FxpassBackend:
     ) -> Callable[..., Any]:
         self.compiles += 1
         # torch.compile(..., mode=..., options=...) reach a backend as keywords
-        target = self._configured(mode, options) if (mode or options) else self
+        target = self._for_call(mode, options) if (mode or options) else self
         return target._compile(gm, list(example_inputs))
 
-    def _compile(self, gm: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-        if self.ir == "dynamo":
-            return self._compile_dynamo(gm, inputs)
-        if self.compiler == "inductor":
-            return self._compile_inductor_hook(gm, inputs)
-        return self._compile_aot(gm, inputs)
-
-    def _configured(self, mode: str | None, options: Mapping[str, Any] | None) -> FxpassBackend:
+    def _for_call(self, mode: str | None, options: Mapping[str, Any] | None) -> FxpassBackend:
         """This backend with torch.compile's ``mode``/``options`` applied; same reports."""
         options = dict(options or {})
         own = {k: options.pop(k) for k in list(options) if k in _OWN_OPTIONS}
-        configured = FxpassBackend(
-            own.get("pipeline", self._pipeline),
-            ir=own.get("ir", self.ir),
-            compiler=own.get("compiler", self.compiler),
-            hook=own.get("hook", self.hook),
-            split_at=own.get("split_at", self.split_at),
-            decompositions=self.decompositions,
-            instrument=self.instrument,
-            mode=mode or self.mode,
-            options={**self.options, **options},
-        )
-        configured.reports = self.reports
-        if "pipeline" not in own:
-            configured._parsed = self._parsed
-        return configured
+        s = self.settings
+        settings = replace(s, **own, mode=mode or s.mode, options={**s.options, **options})
+        if "pipeline" in own:
+            runner = Runner(settings.pipeline, instrument=s.instrument, reports=self.reports)
+        else:
+            runner = self.runner
+        return FxpassBackend(settings, runner)
+
+    def _compile(self, gm: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        if self.settings.ir == "dynamo":
+            return self._compile_dynamo(gm, inputs)
+        if self.settings.compiler == "inductor":
+            return self._compile_inductor_hook(gm, inputs)
+        return self._compile_aot(gm, inputs)
 
     # ----- the three paths ---------------------------------------------------------------
     def _run(self, gm: fx.GraphModule, inputs: Sequence[Any]) -> fx.GraphModule:
-        result = self.pipeline.run(gm, inputs, instrument=self.instrument)
-        if result.report is not None:
-            self.reports.append(result.report)
-        return result.graph_module
+        return self.runner.run(gm, inputs).graph_module
 
     def _compile_dynamo(self, gm: fx.GraphModule, inputs: list[Any]):
-        if self.split_at is not None:
+        if self.settings.split_at is not None:
             return self._compile_pieces(gm, inputs)
         gm = self._run(gm, inputs)
         return self._final_compile(gm, inputs)
 
     def _compile_pieces(self, gm: fx.GraphModule, inputs: list[Any]):
-        from .piecewise import _nothing_to_split, _split, split_predicate
-
-        is_split = split_predicate(self.split_at)
+        is_split = split_predicate(self.settings.split_at)
         pieces = _split(gm, is_split)
         if pieces is None:
             ends = [*gm.graph.find_nodes(op="placeholder"), *gm.graph.find_nodes(op="output")]
             if any(map(is_split, ends)):  # a predicate that only the inputs/output satisfy
-                raise _nothing_to_split(self.split_at)
+                raise _nothing_to_split(self.settings.split_at)
             # a graph without the op (e.g. after a graph break): nothing to cut
             return self._final_compile(self._run(gm, inputs), inputs)
-        pieces.run(self.pipeline)
+        pieces.run(self.pipeline, instrument=self.settings.instrument)
         self.reports.extend(pieces.reports)
-        if self.compiler != "eager":
+        if self.settings.compiler != "eager":
             pieces.compile(self._final_compile)
         return pieces.module.forward
 
     def _final_compile(self, gm: fx.GraphModule, inputs: list[Any]):
-        if self.compiler == "eager":
+        if self.settings.compiler == "eager":
             return gm.forward
-        if self.compiler == "inductor":
+        if self.settings.compiler == "inductor":
             from torch._inductor.compile_fx import compile_fx
 
             return compile_fx(gm, inputs, config_patches=self._inductor_patches())
-        return self.compiler(gm, inputs)
+        return self.settings.compiler(gm, inputs)
 
     def _compile_inductor_hook(self, gm: fx.GraphModule, inputs: list[Any]):
         from torch._inductor import config
         from torch._inductor.compile_fx import compile_fx
 
-        ours = _RecordingPass(self.pipeline, self.reports, self.instrument)
+        # the pipeline as it stands at this compile, run with the backend's instruments
+        runner = Runner(self.pipeline, instrument=self.settings.instrument, reports=self.reports)
+        ours = InductorPass(runner=runner)
         patches = self._inductor_patches()
-        patches[self.hook] = ours.chain(patches.get(self.hook, getattr(config, self.hook)))
+        patches[self.settings.hook] = ours.chain(
+            patches.get(self.settings.hook, getattr(config, self.settings.hook))
+        )
         return compile_fx(gm, inputs, config_patches=patches)
 
     def _compile_aot(self, gm: fx.GraphModule, inputs: list[Any]):
@@ -209,31 +197,31 @@ class FxpassBackend:
             inference_compiler=compile_graph,
             partition_fn=min_cut_rematerialization_partition,
             keep_inference_input_mutations=True,
-            decompositions=_decompositions(self.decompositions),
+            decompositions=_decompositions(self.settings.decompositions),
         )(gm, inputs)
 
     def _inductor_patches(self) -> dict[str, Any]:
         patches: dict[str, Any] = {}
-        if self.mode is not None and self.mode != "default":
-            patches.update(torch._inductor.list_mode_options(self.mode))
-        patches.update(self.options)
+        if self.settings.mode is not None and self.settings.mode != "default":
+            patches.update(torch._inductor.list_mode_options(self.settings.mode))
+        patches.update(self.settings.options)
         return patches
 
     def __repr__(self) -> str:
-        compiler = self.compiler if isinstance(self.compiler, str) else "custom"
-        split = f", split_at={self.split_at!r}" if self.split_at is not None else ""
-        return (
-            f"fxpass.backend({str(self.pipeline)!r}, ir={self.ir!r}, compiler={compiler!r}{split})"
+        compiler = self.settings.compiler if isinstance(self.settings.compiler, str) else "custom"
+        split = (
+            f", split_at={self.settings.split_at!r}" if self.settings.split_at is not None else ""
         )
+        return f"fxpass.backend({str(self.pipeline)!r}, ir={self.settings.ir!r}, compiler={compiler!r}{split})"
 
 
 def _aot_compile(be: FxpassBackend, gm: fx.GraphModule, inputs: Sequence[Any]):
     gm = be._run(gm, inputs)
-    if be.compiler == "eager":
+    if be.settings.compiler == "eager":
         from torch._dynamo.backends.debugging import boxed_nop
 
         return boxed_nop(gm, list(inputs))
-    return be.compiler(gm, list(inputs))
+    return be.settings.compiler(gm, list(inputs))
 
 
 def _decompositions(decompositions: Any) -> Any:
@@ -242,19 +230,6 @@ def _decompositions(decompositions: Any) -> Any:
     if isinstance(decompositions, str):
         raise ValueError(f"decompositions is 'core_aten', a table or None, not {decompositions!r}")
     return decompositions
-
-
-class _RecordingPass(InductorPass):
-    """The backend's Inductor pass: its reports go to the backend, its instruments apply."""
-
-    def __init__(self, pipeline: Any, reports: list[Report], instrument: Sequence[Any]) -> None:
-        super().__init__(pipeline)
-        self.reports = reports
-        self.instrument = tuple(instrument)
-
-    def __call__(self, graph: fx.Graph) -> None:
-        with instrumented(*self.instrument):
-            super().__call__(graph)
 
 
 def backend(
@@ -287,17 +262,10 @@ def backend(
         mode, options: Inductor's ``mode`` and config ``options``, as for
             ``torch.compile(backend="inductor")``.
     """
-    return FxpassBackend(
-        pipeline,
-        ir=ir,
-        compiler=compiler,
-        hook=hook,
-        split_at=split_at,
-        decompositions=decompositions,
-        instrument=instrument,
-        mode=mode,
-        options=options,
+    settings = _Settings(
+        pipeline, ir, compiler, hook, split_at, decompositions, tuple(instrument), mode
     )
+    return FxpassBackend(replace(settings, options=dict(options or {})))
 
 
 _DEFAULT: FxpassBackend | None = None
@@ -320,5 +288,5 @@ def default_backend() -> FxpassBackend:
     """The backend behind ``backend="fxpass"`` (its ``reports`` and ``compiles``)."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = FxpassBackend()
+        _DEFAULT = FxpassBackend(_Settings())
     return _DEFAULT

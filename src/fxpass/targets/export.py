@@ -55,6 +55,7 @@ from ..core.context import scoped
 from ..core.errors import FxpassError
 from ._util import del_path, find_path, release_name
 from .pt2 import load as _load_pt2
+from .runner import Runner
 
 __all__ = [
     "ProgramContext",
@@ -282,13 +283,13 @@ def _graph_inputs(ep: ExportedProgram, user_inputs: Sequence[Any] | None) -> lis
 
 def run_on_program(
     ep: ExportedProgram,
-    pipeline: Any,
+    runner: Runner,
     sample_inputs: Sequence[Any] | None = None,
     *,
-    instrument: Sequence[Any] = (),
     debug_counter: Any = None,
 ) -> tuple[ExportedProgram, Any]:
-    """Run ``pipeline`` on a copy of ``ep``'s graph; return ``(new_program, pass_result)``.
+    """Run ``runner``'s pipeline on a copy of ``ep``'s graph; return ``(new_program,
+    pass_result)``.
 
     ``sample_inputs`` are the program's user inputs (default: ``ep.example_inputs``);
     lowering passes ``(gm, sample_inputs)`` get one value per graph placeholder.
@@ -307,12 +308,7 @@ def run_on_program(
         _inputs={s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")},
     )
     with _activate(ctx):
-        result = pipeline.run(
-            work,
-            _graph_inputs(ep, sample_inputs),
-            instrument=instrument,
-            debug_counter=debug_counter,
-        )
+        result = runner.run(work, _graph_inputs(ep, sample_inputs), debug_counter=debug_counter)
     if not result.modified:
         return ep, result
     try:

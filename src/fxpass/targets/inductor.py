@@ -41,8 +41,9 @@ from torch import fx
 from ..core.contract import FunctionPass, ObjectPass, Pass
 from ..core.pipeline import Pipeline
 from ..core.report import Report
+from ..core.version import __version__
 from ._util import get_path, has_path
-from .apply import resolve_pipeline
+from .runner import Runner, graph_sample_inputs, resolve_pipeline
 
 __all__ = ["HOOKS", "InductorPass", "inductor_pass", "pipeline_uuid"]
 
@@ -63,14 +64,28 @@ class InductorPass:
     """A pipeline as an Inductor ``CustomGraphPass`` (see :func:`inductor_pass`).
 
     ``previous`` are passes that run first (what was installed at the hook before);
-    ``reports`` collects the report of every run.
+    ``reports`` collects the report of every run. ``runner`` runs the pipeline instead
+    (a backend's, with its instruments and reports).
     """
 
-    def __init__(self, pipeline: Any = None, *, previous: tuple[Any, ...] = ()) -> None:
+    def __init__(
+        self,
+        pipeline: Any = None,
+        *,
+        previous: tuple[Any, ...] = (),
+        runner: Runner | None = None,
+    ) -> None:
         _register_with_inductor()
-        self.pipeline = resolve_pipeline(pipeline)
+        self.runner = runner or Runner(resolve_pipeline(pipeline))
         self.previous = tuple(previous)
-        self.reports: list[Report] = []
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.runner.pipeline
+
+    @property
+    def reports(self) -> list[Report]:
+        return self.runner.reports
 
     def __call__(self, graph: fx.Graph) -> None:
         for p in self.previous:
@@ -78,12 +93,9 @@ class InductorPass:
         gm = graph.owning_module
         if not isinstance(gm, fx.GraphModule):
             raise TypeError("fxpass's Inductor pass needs a graph that belongs to a GraphModule")
-        sample = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
-        result = self.pipeline.run(gm, sample)
+        result = self.runner.run(gm, graph_sample_inputs(gm))
         if result.graph_module is not gm:  # Inductor edits ``graph`` in place: copy back
             _replace_graph(gm, result.graph_module)
-        if result.report is not None:
-            self.reports.append(result.report)
 
     def uuid(self) -> str | None:
         """Stable across processes; changes with the pipeline, options and pass code."""
@@ -166,8 +178,6 @@ def _replace_graph(gm: fx.GraphModule, new: fx.GraphModule) -> None:
 def pipeline_uuid(pipeline: Any) -> str:
     """A hex digest naming ``pipeline`` exactly: passes, order, options, and their code."""
     h = hashlib.sha256()
-    from .. import __version__
-
     h.update(f"fxpass {__version__}\n".encode())
     h.update(_ops_code_id().encode())
     _hash_pass(resolve_pipeline(pipeline), h)

@@ -40,7 +40,7 @@ from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
 from ..ops.stream import STREAM_OPS
 from ._util import get_path
-from .apply import resolve_pipeline
+from .runner import Runner, graph_sample_inputs, resolve_pipeline
 
 __all__ = ["ALIASES", "Piece", "PiecewiseGraph", "piecewise", "split", "split_predicate"]
 
@@ -147,26 +147,26 @@ class PiecewiseGraph:
     def split_pieces(self) -> list[Piece]:
         return [p for p in self.pieces if p.is_split]
 
-    def run(self, pipeline: Any = None, *, include_split: bool = False) -> bool:
-        """Run ``pipeline`` on every piece (not the splitting ops unless ``include_split``).
+    def run(
+        self, pipeline: Any = None, *, include_split: bool = False, instrument: Any = ()
+    ) -> bool:
+        """Run ``pipeline`` on every piece (not the splitting ops unless ``include_split``),
+        with ``instrument`` attached.
 
         All or nothing: if a pass fails on any piece, every piece is put back as it was and
         the :class:`~fxpass.PassFailedError` says which piece. Returns whether any changed.
         """
-        pipe = resolve_pipeline(pipeline)
+        runner = Runner(resolve_pipeline(pipeline), instrument=instrument)
         targets = [p for p in self.pieces if include_split or not p.is_split]
         saved = [(p, p.module, GraphSnapshot.take(p.module)) for p in targets]
-        reports: list[Report] = []
         modified = False
         try:
             for piece in targets:
-                result = pipe.run(piece.module, _fake_inputs(piece.module))
+                result = runner.run(piece.module, graph_sample_inputs(piece.module))
                 if result.graph_module is not piece.module:
                     piece.module = result.graph_module
                     setattr(self.module, piece.name, result.graph_module)
                 modified |= result.modified
-                if result.report is not None:
-                    reports.append(result.report)
         except PassFailedError as e:
             for piece, module, snap in saved:
                 snap.restore()
@@ -174,7 +174,7 @@ class PiecewiseGraph:
                 setattr(self.module, piece.name, module)
             e.args = (f"{e.args[0]}\n  in piece '{piece.name}'; every piece was put back",)
             raise
-        self.reports.extend(reports)
+        self.reports.extend(runner.reports)
         return modified
 
     def stitch(self) -> fx.GraphModule:
@@ -191,7 +191,7 @@ class PiecewiseGraph:
         for piece in self.pieces:
             if piece.is_split and not include_split:
                 continue
-            compiled = compiler(piece.module, _fake_inputs(piece.module) or [])
+            compiled = compiler(piece.module, graph_sample_inputs(piece.module) or [])
             setattr(self.module, piece.name, _Compiled(compiled, piece.name))
         self.module.recompile()
 
@@ -209,18 +209,6 @@ class _Compiled(torch.nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return self.fn(*args)
-
-
-def _fake_inputs(gm: fx.GraphModule) -> list[Any] | None:
-    vals = []
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        val = node.meta.get("val", node.meta.get("example_value"))
-        if val is None:
-            return None
-        vals.append(val)
-    return vals
 
 
 def split(gm: fx.GraphModule, at: Any = "attention") -> PiecewiseGraph:

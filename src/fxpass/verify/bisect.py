@@ -31,6 +31,7 @@ from torch import fx
 from ..core.context import ChangeEvent, DebugCounter, current_context
 from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
+from ..core.spec import resolve_pipeline
 from .compare import Comparison, run_graph_promoted
 from .inputs import output_names, program_inputs, sample_args
 from .numerics import NumericsCheck, PassNumerics, check_graph, run_graph
@@ -206,8 +207,6 @@ def bisect(
     ``sample_inputs`` are the inputs of the GraphModule (for an ExportedProgram: its user
     inputs; default: its ``example_inputs``). ``on_step`` receives a line per run (progress).
     """
-    from ..targets.apply import resolve_pipeline
-
     pipe = resolve_pipeline(pipeline)
     subject = _Subject(target, sample_inputs)
     say = on_step or (lambda _msg: None)

@@ -21,7 +21,6 @@ Differences, on purpose:
 
 from __future__ import annotations
 
-import copy
 import operator
 from contextlib import nullcontext, suppress
 from typing import Any
@@ -38,7 +37,6 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx import traceback as fx_traceback
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 from torch.fx.graph import CodeGen
-from torch.fx.proxy import _COPY_META_FIELDS
 from torch.utils import _pytree as pytree
 
 from ...core.context import current_context
@@ -46,8 +44,15 @@ from ...core.contract import PassResult
 from ...core.errors import PassFailedError
 from ...core.pipeline import Pipeline
 from ...interpret import FAKE_RESULTS, InterpreterPass
-from ...interpret import ProxyValue as _InterpreterValue
-from ...rewrite.metadata import node_sources
+from ._values import (
+    ProxyValue,
+    RawInput,
+    created_from,
+    fake_data,
+    is_symbolic,
+    node_arg,
+    traced_meta,
+)
 
 __all__ = [
     "ExportPass",
@@ -70,22 +75,6 @@ map_args = _et.map_args
 
 _RESULTS = FAKE_RESULTS  # fake results by op and input metadata, shared in the process
 _NAMES: dict[Any, str] = {}  # target -> the node name ExecuTorch's tracer derives from it
-_INTERPRETER = "Interpreter_ExportInterpreter"  # the pass name torch records in from_node
-_PRESERVE_SYM = torch.fx.traceback._is_preserving_node_seq_nr
-
-
-class ProxyValue(_et.ProxyValue, _InterpreterValue):
-    """A value of the graph being built: ``data`` (a fake tensor, SymInt, ...) and the
-    ``proxy`` (or node) that computes it. ExecuTorch's ``ProxyValue``, and a subclass of it."""
-
-    def __init__(self, data: Any, proxy: fx.Proxy | fx.Node) -> None:
-        self.data = data
-        self.proxy_or_node = proxy
-        self._copy = False
-        self._exact = False
-
-    def __repr__(self) -> str:
-        return f"ProxyValue({self.data!r}, {self.node.name})"
 
 
 def _none_tree(value: Any) -> Any:
@@ -93,10 +82,6 @@ def _none_tree(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return pytree.tree_map(lambda _: None, value)
     return None
-
-
-class _RawInput(Exception):
-    """An input is not a value of the new graph (an attribute): build the node the slow way."""
 
 
 def _emitted_by(target: Any, old: fx.Node) -> bool:
@@ -161,7 +146,7 @@ class ExportPass(InterpreterPass):
         if node is None or not fx_traceback.has_preserved_node_meta() or not node.meta:
             return
         meta = node.meta.copy()
-        meta["from_node"] = _created_from(node)
+        meta["from_node"] = created_from(node)
         fx_traceback.current_meta = meta
 
     # ----- hooks ------------------------------------------------------------------------------
@@ -459,7 +444,7 @@ class ExportPass(InterpreterPass):
             self._val_taken = True
             value = old.meta["val"]
         else:
-            value = self._run(kind, target, _data(args), _data(kwargs))
+            value = self._run(kind, target, fake_data(args), fake_data(kwargs))
         result = self._create(kind, target, args, kwargs, meta, value)
         result._copy = reuse
         result._exact = reuse and exact
@@ -482,8 +467,8 @@ class ExportPass(InterpreterPass):
         graph values and literals are mapped here; tensors, modules and other objects go
         through the tracer (it makes them attributes of the new module)."""
         try:
-            node_args, node_kwargs = _node_arg(args), _node_arg(kwargs)
-        except _RawInput:
+            node_args, node_kwargs = node_arg(args), node_arg(kwargs)
+        except RawInput:
             args_proxy, kwargs_proxy = pytree.tree_map_only(
                 _et.ProxyValue, lambda x: x.proxy, (args, kwargs)
             )
@@ -495,13 +480,13 @@ class ExportPass(InterpreterPass):
             tracer.set_metadata(proxy.node, value)
             return ProxyValue(value, proxy)
         # arguments set after creation: Graph.create_node walks them with pytree to warn
-        # about raw SymInts (which _node_arg never lets through) at a fifth of this loop's cost
+        # about raw SymInts (which node_arg never lets through) at a fifth of this loop's cost
         node = self._graph.create_node(kind, target, name=self._candidate_name(target))
         if node_args:
             node.args = node_args
         if node_kwargs:
             node.kwargs = node_kwargs
-        _traced_meta(self._current, meta.data, node.meta)
+        traced_meta(self._current, meta.data, node.meta)
         if isinstance(value, (FakeTensor, int, float, bool, torch.SymInt)) or value is None:
             node.meta["val"] = value
             node.meta["tensor_meta"] = None
@@ -542,7 +527,7 @@ class ExportPass(InterpreterPass):
         if not self.should_preserve_symbolic_input_metadata():
             return
         inputs = [n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"]
-        if not any(map(_symbolic, inputs)):  # nothing to preserve (and no pytree walk)
+        if not any(map(is_symbolic, inputs)):  # nothing to preserve (and no pytree walk)
             return
         before = self._capture_symbolic_input_snapshots(graph_module)
         if all(snapshot is None for snapshot in before):
@@ -556,94 +541,6 @@ class ExportPass(InterpreterPass):
                     f"Input at position {index} did not preserve symbolic metadata across "
                     "pass replay."
                 )
-
-
-_LITERALS = frozenset(
-    (
-        int,
-        float,
-        bool,
-        str,
-        type(None),
-        torch.dtype,
-        torch.device,
-        torch.memory_format,
-        torch.layout,
-    )
-)
-_SEQUENCES = frozenset((tuple, list, fx.immutable_collections.immutable_list))
-
-
-def _data(a: Any) -> Any:
-    """``a`` with every ``ProxyValue`` replaced by its data (ExecuTorch's
-    ``tree_map_only(ProxyValue, lambda x: x.data, ...)``, for the common containers)."""
-    cls = type(a)
-    if cls in _LITERALS:
-        return a
-    if isinstance(a, _et.ProxyValue):
-        return a.data
-    if cls in _SEQUENCES:
-        return cls(_data(x) for x in a)
-    if cls is dict:
-        return {k: _data(v) for k, v in a.items()}
-    return pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, a)
-
-
-def _node_arg(a: Any) -> Any:
-    """``a`` as node arguments: graph values become their nodes, literals stay; anything
-    else raises ``_RawInput`` (the tracer decides what it becomes)."""
-    cls = type(a)
-    if cls in _LITERALS:
-        return a
-    if cls is ProxyValue:
-        proxy = a.proxy_or_node
-        return proxy.node if type(proxy) is fx.Proxy else a.node
-    if cls in _SEQUENCES:
-        items = [_node_arg(x) for x in a]
-        return tuple(items) if cls is tuple else items
-    if cls in (dict, fx.immutable_collections.immutable_dict):
-        return {k: _node_arg(v) for k, v in a.items()}
-    if isinstance(a, _et.ProxyValue):
-        return a.node
-    raise _RawInput
-
-
-def _traced_meta(current: fx.Node | None, data: dict[str, Any], meta: dict) -> None:
-    """Fill ``meta`` as torch's tracer and ExecuTorch fill a node made while interpreting
-    ``current``: the fields torch copies from the running node, then ``data``."""
-    if fx_traceback.has_preserved_node_meta():
-        running = current.meta if current is not None else {}
-        if running and not data.keys() >= running.keys():  # usually data copies running
-            stack_trace = running.get("stack_trace")
-            if stack_trace and "stack_trace" not in data:
-                meta["stack_trace"] = stack_trace
-            for field in _COPY_META_FIELDS:
-                if field in data or field not in running:
-                    continue
-                if field == "from_node":
-                    meta[field] = _created_from(current)
-                else:
-                    meta[field] = copy.copy(running[field])
-        if "seq_nr" not in data:
-            seq = running.get("seq_nr") if _PRESERVE_SYM() else None
-            meta["seq_nr"] = seq if seq is not None else torch.autograd._get_sequence_nr() - 1
-    meta.update(data)
-
-
-def _created_from(node: fx.Node) -> list[Any]:
-    """torch's ``from_node`` for a node created while interpreting ``node`` (its history is
-    shared, not deep-copied as ``NodeSource`` does: recorded sources are never edited)."""
-    (source,) = node_sources([node], _INTERPRETER)
-    source.action = [fx_traceback.NodeSourceAction.CREATE]
-    return [source]
-
-
-def _symbolic(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value._has_symbolic_sizes_strides
-    if isinstance(value, (list, tuple)):
-        return any(map(_symbolic, value))
-    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:

@@ -44,6 +44,7 @@ from ...core.errors import PassFailedError
 from ...core.pipeline import Fixpoint
 from .._pass_infra import PassManager as _TorchPassManager
 from .._pass_infra import pass_result_wrapper
+from .._policy import PASS_MANAGER
 from ._pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
 __all__ = ["ExportedProgramPassManager", "PassManager"]
@@ -119,10 +120,8 @@ class _RunPolicy:
             checks=[self.check],
             run_checks_after_each_pass=self.after_each_pass,
             suppress_check_failures=self.suppress,
+            policy=PASS_MANAGER,  # checks after unchanged passes too; steps is a cap
         )
-        rounds._check_input = False  # the manager checks its input itself, always
-        rounds._check_every_pass = True  # after unchanged passes too
-        rounds._quiet_limit = True  # steps is a cap, not a promise of convergence
         return rounds
 
 

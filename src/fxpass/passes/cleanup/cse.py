@@ -88,7 +88,7 @@ def _candidate(node: fx.Node) -> bool:
     return not written_args(node) and not node.is_impure()
 
 
-@_builtin("cse")
+@_builtin("cse", statistics={"merged": "nodes replaced by an identical earlier node"})
 def cse(gm: fx.GraphModule) -> bool:
     """Merge nodes that compute the same pure value from the same inputs.
 
@@ -129,6 +129,3 @@ def cse(gm: fx.GraphModule) -> bool:
             stat("merged")
             changed = True
     return changed
-
-
-cse.statistics = {"merged": "nodes replaced by an identical earlier node"}

@@ -56,7 +56,7 @@ def _dead_store(node: fx.Node, info: AliasInfo, keep_rng: bool) -> bool:
     return info.last_read(written) <= info.pos[node]  # the node itself reads at pos[node]
 
 
-@_builtin("dce")
+@_builtin("dce", statistics={"removed": "nodes erased because nothing used them"})
 def dce(gm: fx.GraphModule, *, keep_rng: bool = True) -> bool:
     """Remove nodes whose results nobody uses and that have no effect.
 
@@ -87,6 +87,3 @@ def dce(gm: fx.GraphModule, *, keep_rng: bool = True) -> bool:
         stat("removed")
         changed = True
     return changed
-
-
-dce.statistics = {"removed": "nodes erased because nothing used them"}

@@ -63,7 +63,13 @@ def _erase_in_place(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) 
     return bool(moved) or gone
 
 
-@_builtin("erase_copy")
+@_builtin(
+    "erase_copy",
+    statistics={
+        "readers_forwarded": "reads of a copy's destination that now read its source",
+        "copies_erased": "copies removed",
+    },
+)
 def erase_copy(gm: fx.GraphModule) -> bool:
     """Forward copies' sources to their readers; drop copies nothing can observe.
 
@@ -101,9 +107,3 @@ def erase_copy(gm: fx.GraphModule) -> bool:
                 stat("copies_erased")
                 changed, info = True, None
     return changed
-
-
-erase_copy.statistics = {
-    "readers_forwarded": "reads of a copy's destination that now read its source",
-    "copies_erased": "copies removed",
-}

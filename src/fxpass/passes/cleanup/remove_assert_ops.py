@@ -43,7 +43,13 @@ def _feeds_only_checks(node: Node) -> bool:
     return isinstance(node.meta.get("val"), _SCALAR_TYPES)
 
 
-@_builtin("remove_assert_ops")
+@_builtin(
+    "remove_assert_ops",
+    statistics={
+        "removed": "assertion nodes removed",
+        "removed_scalar": "scalar computations that only fed removed assertions",
+    },
+)
 def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
     """Remove export's assertion nodes, so patterns see the computation they guard.
 
@@ -81,9 +87,3 @@ def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
                     stat("removed_scalar")
                     stack.extend(more)
     return changed
-
-
-remove_assert_ops.statistics = {
-    "removed": "assertion nodes removed",
-    "removed_scalar": "scalar computations that only fed removed assertions",
-}

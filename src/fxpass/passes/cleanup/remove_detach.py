@@ -26,7 +26,7 @@ def _is_detach(node: fx.Node) -> bool:
     )
 
 
-@_builtin("remove_detach")
+@_builtin("remove_detach", statistics={"removed": "detach calls replaced by their input"})
 def remove_detach(gm: fx.GraphModule) -> bool:
     """Replace ``detach`` (``aten.detach``, ``detach_copy``, ``detach_``, ``Tensor.detach``)
     by its input.
@@ -53,6 +53,3 @@ def remove_detach(gm: fx.GraphModule) -> bool:
         stat("removed")
         changed = True
     return changed
-
-
-remove_detach.statistics = {"removed": "detach calls replaced by their input"}

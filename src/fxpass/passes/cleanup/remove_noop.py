@@ -105,7 +105,13 @@ def _view_is_noop(node: fx.Node, src: fx.Node) -> bool:
     return same_layout(view, node_val(src))
 
 
-@_builtin("remove_noop")
+@_builtin(
+    "remove_noop",
+    statistics={
+        "views_removed": "views, reshapes, conversions and dropouts that returned their input",
+        "copies_removed": "copies nobody could tell from their source",
+    },
+)
 def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
     """Remove views, reshapes, expands, conversions, copies and dropouts that change nothing.
 
@@ -158,9 +164,3 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
                 info = None
             changed = True
     return changed
-
-
-remove_noop.statistics = {
-    "views_removed": "views, reshapes, conversions and dropouts that returned their input",
-    "copies_removed": "copies nobody could tell from their source",
-}

@@ -174,7 +174,14 @@ def _rewrite(call: _Call, writebacks: dict) -> None:
     notify("replace", "fix_functionalization", [node], [inplace])
 
 
-@_builtin("fix_functionalization")
+@_builtin(
+    "fix_functionalization",
+    statistics={
+        "reinplaced": "functionalized calls turned back into in-place calls",
+        "kept": "functionalized calls left alone because a reader or the caller could tell",
+        "copies_removed": "write-back copies made redundant",
+    },
+)
 def fix_functionalization(gm: fx.GraphModule) -> bool:
     """Turn ``auto_functionalized`` / ``auto_functionalized_v2`` calls of mutating ops back
     into in-place calls where nothing can tell.
@@ -217,10 +224,3 @@ def fix_functionalization(gm: fx.GraphModule) -> bool:
         else:
             stat("kept")
     return changed
-
-
-fix_functionalization.statistics = {
-    "reinplaced": "functionalized calls turned back into in-place calls",
-    "kept": "functionalized calls left alone because a reader or the caller could tell",
-    "copies_removed": "write-back copies made redundant",
-}

@@ -52,7 +52,13 @@ RULES = RuleSet(
 )
 
 
-@_builtin("fuse_add_rmsnorm")
+@_builtin(
+    "fuse_add_rmsnorm",
+    statistics={
+        "rewrites": "residual adds fused with their norm",
+        "add_rms_norm.matched": "add + norm sites found",
+    },
+)
 def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
     """Fuse a residual add and the RMSNorm it feeds into
     ``fxpass::fused_add_rmsnorm(x, residual, w, eps, weight_offset) -> (normed, sum)``.
@@ -74,9 +80,3 @@ def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
                             %next = aten.add(getitem(%f, 1), %h)
     """
     return rewrite(gm, RULES, once=True).modified
-
-
-fuse_add_rmsnorm.statistics = {
-    "rewrites": "residual adds fused with their norm",
-    "add_rms_norm.matched": "add + norm sites found",
-}

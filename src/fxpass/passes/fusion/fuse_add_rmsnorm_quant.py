@@ -93,7 +93,14 @@ RULES = RuleSet(
 )
 
 
-@_builtin("fuse_add_rmsnorm_quant")
+@_builtin(
+    "fuse_add_rmsnorm_quant",
+    statistics={
+        "rewrites": "add + norm + quantization sites fused",
+        "add_rms_norm_quant.matched": "sites spelled out in full",
+        "quant_after_fused_add_rms_norm.matched": "sites already fused by fuse_add_rmsnorm",
+    },
+)
 def fuse_add_rmsnorm_quant(gm: fx.GraphModule) -> bool:
     """Fuse residual add + RMSNorm + static per-tensor int8 quantization (SGLang's W8A8
     ``NpuAddRmsNormQuantFuse``) into ``fxpass::fused_add_rmsnorm_quant(x, residual, w,
@@ -115,10 +122,3 @@ def fuse_add_rmsnorm_quant(gm: fx.GraphModule) -> bool:
                    %q = getitem(%f, 0);  %sum = getitem(%f, 1)
     """
     return rewrite(gm, RULES, once=True).modified
-
-
-fuse_add_rmsnorm_quant.statistics = {
-    "rewrites": "add + norm + quantization sites fused",
-    "add_rms_norm_quant.matched": "sites spelled out in full",
-    "quant_after_fused_add_rms_norm.matched": "sites already fused by fuse_add_rmsnorm",
-}

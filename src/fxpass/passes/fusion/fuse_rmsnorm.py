@@ -36,7 +36,14 @@ RULES = RuleSet(
 )
 
 
-@_builtin("fuse_rmsnorm")
+@_builtin(
+    "fuse_rmsnorm",
+    statistics={
+        "rewrites": "norms fused",
+        "rms_norm.tried": "nodes the norm pattern was tried at",
+        "rms_norm.matched": "norms found",
+    },
+)
 def fuse_rmsnorm(gm: fx.GraphModule) -> bool:
     """Fuse each RMSNorm — in any spelling of Llama, Mistral, Qwen2/3, Phi-3 or Gemma, with
     or without a float32 upcast, weight first or last, any ``eps``, Gemma's ``(1 + w)``,
@@ -59,10 +66,3 @@ def fuse_rmsnorm(gm: fx.GraphModule) -> bool:
                                     ->  %out = fxpass.rms_norm(%x, %w, 1e-06, 0.0)
     """
     return rewrite(gm, RULES, once=True).modified
-
-
-fuse_rmsnorm.statistics = {
-    "rewrites": "norms fused",
-    "rms_norm.tried": "nodes the norm pattern was tried at",
-    "rms_norm.matched": "norms found",
-}

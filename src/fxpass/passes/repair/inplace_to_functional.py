@@ -101,7 +101,13 @@ def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) ->
     return True
 
 
-@_builtin("inplace_to_functional")
+@_builtin(
+    "inplace_to_functional",
+    statistics={
+        "rewritten": "in-place calls replaced by their functional twin",
+        "kept": "in-place calls left alone because a reader or the caller could tell",
+    },
+)
 def inplace_to_functional(gm: fx.GraphModule) -> bool:
     """Replace in-place ops (``relu_``, ``add_``, ``x.mul_``, ``F.relu(inplace=True)``) by
     their functional twins where nothing can tell the difference.
@@ -136,9 +142,3 @@ def inplace_to_functional(gm: fx.GraphModule) -> bool:
         else:
             stat("kept")
     return changed
-
-
-inplace_to_functional.statistics = {
-    "rewritten": "in-place calls replaced by their functional twin",
-    "kept": "in-place calls left alone because a reader or the caller could tell",
-}

@@ -29,7 +29,9 @@ def _is_tensor(node: fx.Node, index: int, sample_inputs: Sequence[Any]) -> bool 
     return None
 
 
-@_builtin("repair_input_as_output")
+@_builtin(
+    "repair_input_as_output", statistics={"clones_inserted": "inputs returned through a new clone"}
+)
 def repair_input_as_output(
     gm: fx.GraphModule, sample_inputs: Sequence[Any], *, assume_tensors: bool = False
 ) -> PassResult:
@@ -72,6 +74,3 @@ def repair_input_as_output(
         stat("clones_inserted")
         changed = True
     return PassResult(gm, changed)
-
-
-repair_input_as_output.statistics = {"clones_inserted": "inputs returned through a new clone"}

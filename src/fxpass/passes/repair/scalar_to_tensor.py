@@ -125,7 +125,13 @@ def _convert(
     return True
 
 
-@_builtin("scalar_to_tensor")
+@_builtin(
+    "scalar_to_tensor",
+    statistics={
+        "scalars_converted": "numbers replaced by 0-d tensors",
+        "overloads_switched": "Scalar overloads replaced by their Tensor overload",
+    },
+)
 def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bool:
     """Turn Python numbers passed to ops as tensors into 0-d tensors (ExecuTorch's
     ``ScalarToTensorPass``), for backends whose kernels take only tensors.
@@ -159,9 +165,3 @@ def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bo
                 stat("overloads_switched")
             changed = True
     return changed
-
-
-scalar_to_tensor.statistics = {
-    "scalars_converted": "numbers replaced by 0-d tensors",
-    "overloads_switched": "Scalar overloads replaced by their Tensor overload",
-}
