@@ -92,7 +92,7 @@ class Interpreter:
     def root_candidates(self, rule: Any, j: int, st: MatchState) -> list[Node] | None:
         """The nodes root ``j`` of a multi-root rule may match, from what the earlier roots
         bound (its link to them, that many users down)."""
-        link, depth = rule._links[j - 1]
+        link, depth = rule.links[j - 1]
         start = st.memo.get(id(link), MISSING) if not isinstance(link, str) else st.env.get(link)
         if not isinstance(start, Node):
             return None

@@ -144,7 +144,8 @@ class Rule:
         self._where_params = (
             _parameters(where, f"rule '{self.name}': where", bound) if where else ((), False)
         )
-        self._links = [_link(roots[:j], roots[j], self.name) for j in range(1, len(roots))]
+        # how each later root hangs off the earlier ones: (shared pattern or name, depth)
+        self.links = [_link(roots[:j], roots[j], self.name) for j in range(1, len(roots))]
         self._compiled: Any = MISSING  # see fxpass.rewrite.match.compiled
 
     # ----- introspection ----------------------------------------------------------------
