@@ -1,26 +1,16 @@
-"""torch.fx's subgraph rewriter and matchers, with torch's signatures and results, on fxpass.
+"""torch.fx's subgraph matchers, with torch's signatures and results, on fxpass.
 
-``replace_pattern``, ``replace_pattern_with_filters``, ``SubgraphMatcher`` and
-``SubgraphMatcherWithNameNodeMap`` behave as torch's do (same matches in the same order,
-same replacement nodes and names, same errors), but:
-
-* matching is linear in the graph: candidates for the pattern's anchors come from the
-  graph's op index, and the check that a match would not form a cycle only looks between
-  the match and its last node (torch scans the whole graph per anchor, and again to the
-  end of the graph per match);
-* new nodes get ``meta['val']`` (fake values propagated through the replacement),
-  ``stack_trace``, ``nn_module_stack`` and provenance (``from_node``, ``fxpass_provenance``);
-* inside an fxpass pipeline every replacement asks the debug counter first and is reported
-  to the instrumentation;
-* ``ignore_literals=True`` does not crash: a literal in the pattern matches any argument,
-  but an op in the pattern never "matches" a literal (torch's matcher lets it, then fails
-  with ``KeyError``).
+``SubgraphMatcher`` and ``SubgraphMatcherWithNameNodeMap`` behave as torch's do (same
+matches in the same order, same errors), but matching is linear in the graph: candidates
+for the pattern's anchors come from the graph's op index, and the check that a match would
+not form a cycle only looks between the match and its last node (torch scans the whole
+graph per anchor, and again to the end of the graph per match). The pattern graph becomes
+fxpass patterns matched by :class:`~fxpass.rewrite.torchlike.TorchMatching` (torch's
+rules); :mod:`fxpass.compat._replace` rewrites what they find.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,24 +18,15 @@ import torch
 from torch import fx
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalMatch
-from torch.fx.subgraph_rewriter import Match
-from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPatterns
 
-from ..core.context import ChangeEvent, current_context
 from ..rewrite._state import MISSING, MatchState
-from ..rewrite.order import TopoOrder, _sort_key, find_cycle
-from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, _Module, _show, mark_shared
-from ..rewrite.rewriter import Rewriter, _between, new_node
+from ..rewrite.interpret import Cont
+from ..rewrite.order import TopoOrder, find_cycle
+from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, mark_shared
+from ..rewrite.spelling import Module
+from ..rewrite.torchlike import TorchMatching
 
-__all__ = [
-    "InternalMatch",
-    "Match",
-    "ReplacedPatterns",
-    "SubgraphMatcher",
-    "SubgraphMatcherWithNameNodeMap",
-    "replace_pattern",
-    "replace_pattern_with_filters",
-]
+__all__ = ["InternalMatch", "SubgraphMatcher", "SubgraphMatcherWithNameNodeMap"]
 
 
 @dataclass
@@ -62,11 +43,6 @@ class InternalMatch(_TorchInternalMatch):
         )
 
 
-@dataclass
-class ReplacedPatterns(_TorchReplacedPatterns):
-    """torch's ``ReplacedPatterns`` (``anchor``, ``nodes_map``, ``replacements``)."""
-
-
 # ----- the pattern graph as fxpass patterns -----------------------------------------------
 class _Kind(Pattern):
     """A placeholder or output node of the pattern matched as part of it."""
@@ -81,28 +57,6 @@ class _Kind(Pattern):
     def children(self):
         return [self.args] if self.args is not None else []
 
-    def _m(self, v, st, k):
-        if not isinstance(v, Node) or (v.op != self.op and not _name_hit(v, st)):
-            if st.explain:
-                return st.miss(lambda: f"expected a {self.op} node, got {_show(v)}")
-            return False
-        if st.injective and v in st.used:
-            return False
-        if self._shared:
-            hit = self._memo_hit(v, st, k)
-            if hit is not None:
-                return hit
-        if st.injective:
-            st.used[v] = self
-        if self.args is None:
-            ok = self._bind(v, st, k)
-        else:
-            args = list(v.args) + list(v.kwargs.values())
-            ok = self.args._m(args, st, lambda: self._bind(v, st, k))
-        if not ok and st.injective:
-            del st.used[v]
-        return ok
-
 
 class _Attr(Pattern):
     """A ``get_attr`` node: matches a ``get_attr`` whose value has the same type (tensors)."""
@@ -113,25 +67,7 @@ class _Attr(Pattern):
         super().__init__(name, "")
         self.value = value
 
-    def _m(self, v, st, k):
-        if not isinstance(v, Node) or (v.op != "get_attr" and not _name_hit(v, st)):
-            return False
-        if st.injective and v in st.used:
-            return False
-        if self._shared:
-            hit = self._memo_hit(v, st, k)
-            if hit is not None:
-                return hit
-        if v.op == "get_attr" and not self._same_kind(v):
-            return False
-        if st.injective:
-            st.used[v] = self
-        ok = self._bind(v, st, k)
-        if not ok and st.injective:
-            del st.used[v]
-        return ok
-
-    def _same_kind(self, v: Node) -> bool:
+    def same_kind(self, v: Node) -> bool:
         owner = v.graph.owning_module
         if owner is None:
             raise AssertionError("gn.graph.owning_module must not be None")
@@ -143,8 +79,47 @@ class _Attr(Pattern):
         raise RuntimeError(f"Unsupported type {self.value} when matching attributes")
 
 
-def _name_hit(v: Node, st: MatchState) -> bool:
-    return bool(st.name_match) and st.name_match in v.name
+class _Rules(TorchMatching):
+    """torch's matching rules, with the pattern graph's placeholders, outputs and
+    attributes as patterns of their own."""
+
+    HANDLERS = {**TorchMatching.HANDLERS, _Kind: "kind", _Attr: "attr"}
+
+    def kind(self, p: _Kind, v: Any, st: MatchState, k: Cont) -> bool:
+        if not isinstance(v, Node) or (v.op != p.op and not self.name_hit(v)):
+            return False
+        if v in st.used:
+            return False
+        if p._shared:
+            hit = self.memo_hit(p, v, st, k)
+            if hit is not None:
+                return hit
+        st.used[v] = p
+        if p.args is None:
+            ok = self.bind(p, v, st, k)
+        else:
+            args = list(v.args) + list(v.kwargs.values())
+            ok = self.match(p.args, args, st, lambda: self.bind(p, v, st, k))
+        if not ok:
+            del st.used[v]
+        return ok
+
+    def attr(self, p: _Attr, v: Any, st: MatchState, k: Cont) -> bool:
+        if not isinstance(v, Node) or (v.op != "get_attr" and not self.name_hit(v)):
+            return False
+        if v in st.used:
+            return False
+        if p._shared:
+            hit = self.memo_hit(p, v, st, k)
+            if hit is not None:
+                return hit
+        if v.op == "get_attr" and not p.same_kind(v):
+            return False
+        st.used[v] = p
+        ok = self.bind(p, v, st, k)
+        if not ok:
+            del st.used[v]
+        return ok
 
 
 class _Wild(Var):
@@ -181,7 +156,7 @@ def _convert(pattern: Graph, match_placeholder: bool, match_output: bool) -> dic
                 everything = [arg(a) for a in n.args] + [arg(a) for a in n.kwargs.values()]
                 pats[n] = _Kind("output", Seq(everything), n.name)
         else:
-            target = _Module(n.target) if n.op == "call_module" else n.target
+            target = Module(n.target) if n.op == "call_module" else n.target
             args = [arg(a) for a in n.args]
             p = P.exact(target, *args, **{k: arg(v) for k, v in n.kwargs.items()})
             p.name = n.name
@@ -202,6 +177,7 @@ class SubgraphMatcher:
         remove_overlapping_matches: bool = True,
         ignore_literals: bool = False,
     ) -> None:
+        pattern = self._pattern_graph(pattern)
         self.pattern = pattern
         self.match_output = match_output
         self.match_placeholder = match_placeholder
@@ -224,6 +200,10 @@ class SubgraphMatcher:
         self._pats = _convert(pattern, match_placeholder, match_output)
         mark_shared([self._pats[a] for a in self.pattern_anchors if a in self._pats])
         self._order = [n for n in _preorder(self.pattern_anchors) if n in self._pats]
+
+    def _pattern_graph(self, pattern: Any) -> Graph:
+        """The pattern as a graph (the name-node-map matcher takes a GraphModule)."""
+        return pattern
 
     # ----- candidates -------------------------------------------------------------------
     def _candidates(self, anchor: Node, graph: Graph, name_match: str) -> list[Node]:
@@ -252,12 +232,13 @@ class SubgraphMatcher:
         """Every match of the pattern in ``graph`` (torch's order, filters and overlaps)."""
         anchors = self.pattern_anchors
         cands = [self._candidates(a, graph, node_name_match) for a in anchors]
-        st = MatchState(
+        rules = _Rules(
             injective=True,
             exact_literals=True,
             ignore_literals=self.ignore_literals,
             name_match=node_name_match,
         )
+        st = MatchState()
         found: list[InternalMatch] = []
         pats = [self._pats[a] for a in anchors]
 
@@ -266,7 +247,7 @@ class SubgraphMatcher:
                 found.append(self._record(st))
                 return False  # keep enumerating, as torch's backtracking does
             for c in cands[i]:
-                pats[i]._m(c, st, lambda: step(i + 1))
+                rules.match(pats[i], c, st, lambda: step(i + 1))
             return False
 
         if anchors and all(cands):
@@ -367,26 +348,13 @@ def _split_to_graph_and_name_node_map(gm: GraphModule) -> tuple[GraphModule, dic
 
 
 class SubgraphMatcherWithNameNodeMap(SubgraphMatcher):
-    """torch's ``SubgraphMatcherWithNameNodeMap``: the pattern returns, last, a dict of
-    names to its nodes; each match's ``name_node_map`` maps those names to graph nodes."""
+    """torch's ``SubgraphMatcherWithNameNodeMap`` (same arguments as ``SubgraphMatcher``,
+    the pattern a GraphModule): the pattern returns, last, a dict of names to its nodes;
+    each match's ``name_node_map`` maps those names to graph nodes."""
 
-    def __init__(
-        self,
-        pattern_gm: GraphModule,
-        match_output: bool = False,
-        match_placeholder: bool = False,
-        remove_overlapping_matches: bool = True,
-        ignore_literals: bool = False,
-    ) -> None:
-        pattern_gm, name_node_map = _split_to_graph_and_name_node_map(pattern_gm)
-        self.name_node_map = name_node_map
-        super().__init__(
-            pattern_gm.graph,
-            match_output,
-            match_placeholder,
-            remove_overlapping_matches,
-            ignore_literals,
-        )
+    def _pattern_graph(self, pattern_gm: Any) -> Graph:
+        pattern_gm, self.name_node_map = _split_to_graph_and_name_node_map(pattern_gm)
+        return pattern_gm.graph
 
     def match(self, graph: Graph, node_name_match: str = "") -> list[InternalMatch]:
         matches = super().match(graph, node_name_match)
@@ -394,245 +362,3 @@ class SubgraphMatcherWithNameNodeMap(SubgraphMatcher):
             for k, n in self.name_node_map.items():
                 m.name_node_map[k] = m.nodes_map[n]
         return matches
-
-
-# ----- the rewriter -------------------------------------------------------------------------
-def replace_pattern(
-    gm: GraphModule,
-    pattern: Callable[..., Any] | GraphModule,
-    replacement: Callable[..., Any] | GraphModule,
-) -> list[Match]:
-    """torch's ``replace_pattern``: replace every non-overlapping match of ``pattern`` in
-    ``gm`` by ``replacement``; returns ``Match(anchor, nodes_map)`` per replacement."""
-    done = _replace_pattern(gm, pattern, replacement)
-    return [Match(anchor=m.anchor, nodes_map=m.nodes_map) for m in done]
-
-
-def replace_pattern_with_filters(
-    gm: GraphModule,
-    pattern: Callable[..., Any] | Graph | GraphModule,
-    replacement: Callable[..., Any] | Graph | GraphModule | None = None,
-    match_filters: list[Callable[[InternalMatch, Graph, Graph], bool]] | None = None,
-    ignore_literals: bool = False,
-    replacement_callback: Callable[[InternalMatch, Graph, Graph], Graph] | None = None,
-    node_name_match: str = "",
-) -> list[ReplacedPatterns]:
-    """torch's ``replace_pattern_with_filters`` (``match_filters``, ``ignore_literals``,
-    ``replacement_callback``, ``node_name_match``); returns ``ReplacedPatterns``."""
-    return _replace_pattern(
-        gm,
-        pattern,
-        replacement,
-        match_filters,
-        ignore_literals,
-        replacement_callback,
-        node_name_match,
-    )
-
-
-def _graph_of(obj: Any) -> Graph:
-    if isinstance(obj, GraphModule):
-        return obj.graph
-    if isinstance(obj, Graph):
-        return obj
-    return fx.symbolic_trace(obj).graph
-
-
-def _replace_pattern(
-    gm: GraphModule,
-    pattern: Any,
-    replacement: Any = None,
-    match_filters: list[Callable[..., bool]] | None = None,
-    ignore_literals: bool = False,
-    replacement_callback: Callable[..., Graph] | None = None,
-    node_name_match: str = "",
-) -> list[ReplacedPatterns]:
-    match_filters = match_filters or []
-    original_graph: Graph = gm.graph
-    pattern_graph = _graph_of(pattern)
-    matcher = SubgraphMatcher(
-        pattern_graph,
-        match_output=False,
-        match_placeholder=False,
-        remove_overlapping_matches=True,
-        ignore_literals=ignore_literals,
-    )
-    matches = matcher.match(original_graph, node_name_match=node_name_match)
-    matches = [
-        m for m in matches if all(f(m, original_graph, pattern_graph) for f in match_filters)
-    ]
-    if isinstance(replacement, (GraphModule, Graph)) or callable(replacement):
-        common = _graph_of(replacement)
-    elif replacement_callback is None:
-        raise AssertionError(
-            "Must provide either a replacement GraphModule or a replacement callback"
-        )
-    else:
-        common = None
-    surgeon = _Surgeon(gm, pattern_graph)
-    done: list[ReplacedPatterns] = []
-    for m in matches:
-        if replacement_callback is not None:
-            graph = replacement_callback(m, original_graph, pattern_graph)
-        else:
-            graph = common
-        if graph is None:
-            raise AssertionError(
-                "Must provide either a replacement GraphModule or a replacement callback"
-            )
-        result = surgeon.replace(m, graph)
-        if result is not None:
-            done.append(result)
-    gm.recompile()
-    if isinstance(replacement, torch.nn.Module):
-        _replace_attributes(gm, replacement)
-    return done
-
-
-class _Surgeon:
-    """torch's replacement steps for each match, through fxpass's rewriter."""
-
-    def __init__(self, gm: GraphModule, pattern_graph: Graph) -> None:
-        self.gm = gm
-        self.graph = gm.graph
-        self.pattern_nodes = [
-            n for n in reversed(pattern_graph.nodes) if n.op not in ("placeholder", "output")
-        ]
-        self.changed: dict[Node, Node] = {}
-        ctx = current_context()
-        in_pass = ctx.pass_path[-1] if ctx is not None and ctx.pass_path else None
-        self.rw = Rewriter(gm, pass_name=in_pass or "replace_pattern")
-
-    def replace(self, match: InternalMatch, replacement: Graph) -> ReplacedPatterns | None:
-        ctx = self.rw.ctx
-        if ctx is not None and not ctx.allow():
-            return None
-        placeholders = [n for n in replacement.nodes if n.op == "placeholder"]
-        if len(match.placeholder_nodes) != len(placeholders):
-            raise AssertionError(
-                f"Placeholder count mismatch: {len(match.placeholder_nodes)} vs {len(placeholders)}"
-            )
-        val_map = self._inputs(match, placeholders)
-        insert_at = self._insert_point(match)
-        before = insert_at.prev
-        with self.graph.inserting_before(insert_at):
-            returned = self._copy(replacement, val_map)
-        if isinstance(returned, Node):
-            returned = (returned,)
-        new = _between(before, insert_at)
-        replacements = [v for v in val_map.values() if v not in match.placeholder_nodes]
-        if len(match.returning_nodes) != len(returned):
-            raise AssertionError(
-                f"Returning nodes count mismatch: {len(match.returning_nodes)} vs {len(returned)}"
-            )
-        donors = {c: g for g, c in zip(match.returning_nodes, returned) if isinstance(c, Node)}
-        self._metadata(match, new, donors)
-        for gn, copied in zip(match.returning_nodes, returned):
-            gn.replace_all_uses_with(copied)
-            self.changed[gn] = copied
-        old = [match.nodes_map[n] for n in self.pattern_nodes]
-        erase = self.rw.fast_erase
-        for gn in old:
-            if gn.users or erase is None:
-                self.graph.erase_node(gn)  # raises as torch does if still used
-            else:
-                erase(gn)
-        if ctx is not None:
-            ctx.notify(ChangeEvent("replace", "replace_pattern", old, new, 0, ""))
-        return ReplacedPatterns(
-            anchor=match.anchors[0], nodes_map=match.nodes_map, replacements=replacements
-        )
-
-    def _inputs(self, match: InternalMatch, placeholders: list[Node]) -> dict[Node, Any]:
-        val_map: dict[Node, Any] = {}
-        for rn, gn in zip(placeholders, match.placeholder_nodes):
-            if isinstance(gn, Node):
-                val_map[rn] = self.changed.get(gn, gn)
-                if gn != val_map[rn]:  # a match input replaced by an earlier match
-                    i = match.placeholder_nodes.index(gn)
-                    match.placeholder_nodes[i] = self.changed[gn]
-                    key = list(match.nodes_map.keys())[list(match.nodes_map.values()).index(gn)]
-                    match.nodes_map[key] = self.changed[gn]
-            else:
-                val_map[rn] = gn
-        return val_map
-
-    def _insert_point(self, match: InternalMatch) -> Node:
-        users: set[Node] = set()
-        for n in match.returning_nodes:
-            users.update(n.users)
-        if users:
-            return min(users, key=_sort_key)
-        last = max(match.returning_nodes, key=_sort_key)
-        return last.next
-
-    def _copy(self, replacement: Graph, val_map: dict[Node, Any]) -> Any:
-        graph = self.graph
-        for node in replacement.nodes:
-            if node in val_map:
-                continue
-            if node.op == "output":
-                return fx.map_arg(node.args[0], lambda n: val_map[n])
-            args = fx.map_arg(node.args, lambda n: val_map[n])
-            kwargs = fx.map_arg(node.kwargs, lambda n: val_map[n])
-            copied = new_node(graph, node.op, node.target, args, kwargs, node.name, node.type)
-            copied.meta = copy.copy(node.meta)
-            val_map[node] = copied
-        return None
-
-    def _metadata(self, match: InternalMatch, new: list[Node], donors: dict[Node, Node]) -> None:
-        if not new:
-            return
-        replaced = [match.nodes_map[n] for n in reversed(self.pattern_nodes)]
-        root = match.returning_nodes[0] if match.returning_nodes else replaced[-1]
-        for n in new:
-            for key in ("val", "tensor_meta", "example_value"):
-                n.meta.pop(key, None)
-        meta = self.rw.meta
-        meta.values(new, donors, root)
-        meta.provenance(
-            new,
-            donors,
-            root,
-            replaced,
-            outputs=list(match.returning_nodes),
-            rule="replace_pattern",
-            pass_name=self.rw.pass_name,
-            location="",
-        )
-
-
-def _replace_attributes(gm: GraphModule, replacement: torch.nn.Module) -> None:
-    """Copy attributes the replacement module's nodes use into ``gm`` (as torch does)."""
-    gm.delete_all_unused_submodules()
-    if isinstance(replacement, GraphModule):
-        replacement.graph.lint()
-
-    def try_get_attr(mod: torch.nn.Module, target: str) -> Any:
-        path, _, attr = target.rpartition(".")
-        try:
-            sub = mod.get_submodule(path)
-        except AttributeError:
-            return None
-        return getattr(sub, attr, None)
-
-    for node in gm.graph.nodes:
-        if node.op in ("call_module", "get_attr"):
-            if try_get_attr(gm, node.target) is not None:
-                continue
-            value = try_get_attr(replacement, node.target)
-            if value is None:
-                raise RuntimeError(
-                    'Attempted to create a "',
-                    node.op,
-                    '" node during subgraph rewriting '
-                    f"with target {node.target}, but "
-                    "the referenced attribute does not "
-                    "exist in the replacement GraphModule",
-                )
-            new_attr = copy.deepcopy(value)
-            if isinstance(value, torch.nn.Module):
-                gm.add_submodule(node.target, new_attr)
-            else:
-                setattr(gm, node.target, new_attr)
-    gm.graph.lint()

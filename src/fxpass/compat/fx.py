@@ -28,15 +28,8 @@ from ._pass_infra import (
     pass_result_wrapper,
     this_before_that_pass_constraint,
 )
-from ._subgraph import (
-    InternalMatch,
-    Match,
-    ReplacedPatterns,
-    SubgraphMatcher,
-    SubgraphMatcherWithNameNodeMap,
-    replace_pattern,
-    replace_pattern_with_filters,
-)
+from ._replace import Match, ReplacedPatterns, replace_pattern, replace_pattern_with_filters
+from ._subgraph import InternalMatch, SubgraphMatcher, SubgraphMatcherWithNameNodeMap
 
 __all__ = [
     "CapabilityBasedPartitioner",

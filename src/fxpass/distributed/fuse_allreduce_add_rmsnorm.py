@@ -22,9 +22,10 @@ from ..core.registry import _builtin
 from ..fxutil.layout import same_layout
 from ..passes.fusion._keep_layout import fake_result, keep_layout
 from ..passes.fusion._norm_patterns import ADD, add_ok, norm_ok, rms_norm, scalars
-from ..rewrite.driver import rewrite
-from ..rewrite.pattern import P, value_of
-from ..rewrite.rule import Rule, RuleSet
+from ..rewrite.constraint import value_of
+from ..rewrite.driver import RuleSet, rewrite
+from ..rewrite.pattern import P
+from ..rewrite.rule import Rule
 from .collectives import C10D, sink_below_views, sum_all_reduces
 
 __all__ = ["RULES", "fuse_allreduce_add_rmsnorm"]

@@ -34,6 +34,7 @@ from torch import fx
 from ..rewrite.match import Matcher
 from ..rewrite.pattern import P, Pattern
 from ..rewrite.rule import Rule
+from ..rewrite.torchlike import TorchMatching
 from .base import Partition, module_and_graph
 from .capability import capability_partitions
 from .support import OperatorSupportBase, any_chain, node_support, parse_support
@@ -127,25 +128,18 @@ def pattern_matches(
     """The nodes of every match of every pattern (placeholders of a pattern excluded), in
     graph order: one list per match, each pattern at each root node at most once."""
     _, graph = module_and_graph(graph_module)
-    matchers = [Matcher([_as_rule(p, i)]) for i, p in enumerate(patterns)]
-    st = _state(ignore_literals)  # one state for every attempt: each rule resets it
+    # torch's option: a literal in the pattern matches anything
+    interp = TorchMatching(ignore_literals=True) if ignore_literals else None
+    matchers = [Matcher([_as_rule(p, i)], interp) for i, p in enumerate(patterns)]
     found: list[list[fx.Node]] = []
     for node in graph.nodes:
         for matcher in matchers:
             if not matcher.rules_for(node):
                 continue
-            match = matcher.match(node, st=st)
+            match = matcher.match(node)
             if match is not None:
                 found.append([n for n in match.nodes if n.op != "placeholder"])
     return found
-
-
-def _state(ignore_literals: bool) -> Any:
-    if not ignore_literals:
-        return None
-    from ..rewrite._state import MatchState  # the rewrite engine's matching options
-
-    return MatchState(ignore_literals=True)
 
 
 def pattern_partitions(

@@ -11,24 +11,33 @@
 >>> result = simplify(gm)            # a rule set is a pass    # doctest: +SKIP
 >>> rewrite(gm, simplify, once=True) # or drive it directly     # doctest: +SKIP
 
-Modules: :mod:`~fxpass.rewrite.pattern` (the pattern language), :mod:`~fxpass.rewrite.rule`
-(rules and rule sets), :mod:`~fxpass.rewrite.match` (matches, the op-indexed matcher),
-:mod:`~fxpass.rewrite.driver` (fixpoint and single-walk drivers),
+Modules, top down (each imports only those below it):
+:mod:`~fxpass.rewrite.driver` (fixpoint and single-walk drivers; rule sets, which are passes),
+:mod:`~fxpass.rewrite.explain` (why a rule did not match: the explaining matcher),
+:mod:`~fxpass.rewrite.rule` (rules as data), :mod:`~fxpass.rewrite.match` (the op-indexed
+matcher in front of :mod:`~fxpass.rewrite.interpret`, the interpreted matcher, and
+:mod:`~fxpass.rewrite.compile`, the compiled one; :mod:`~fxpass.rewrite.torchlike`, torch's
+matching rules), :mod:`~fxpass.rewrite.region` (a match as a value, whole-match checks),
+:mod:`~fxpass.rewrite.pattern` (the pattern language as data), with
+:mod:`~fxpass.rewrite.arguments` (arguments laid out by op schema),
+:mod:`~fxpass.rewrite.constraint` (literals and ``meta['val']`` checks),
+:mod:`~fxpass.rewrite.spelling` (op names and sets);
 :mod:`~fxpass.rewrite.rewriter` (the one place that edits the graph),
 :mod:`~fxpass.rewrite.metadata` (values and provenance of new nodes),
 :mod:`~fxpass.rewrite.order` (topological positions, the local cycle check),
-:mod:`~fxpass.rewrite.traced` (patterns written as PyTorch functions),
-:mod:`~fxpass.rewrite.explain` (why a rule did not match).
+:mod:`~fxpass.rewrite.traced` (patterns written as PyTorch functions).
 """
 
 from __future__ import annotations
 
-from .driver import RewriteResult, rewrite
+from .driver import RewriteResult, RuleSet, rewrite, rules
 from .explain import Explanation, GraphExplanation, explain
-from .match import Match, Matcher, RuleStats
-from .pattern import CAST_OPS, P, Pattern
+from .match import Matcher, RuleStats
+from .pattern import P, Pattern
+from .region import Match
 from .rewriter import RewriteError, Rewriter
-from .rule import DROPPABLE_USERS, Rule, RuleSet, rules
+from .rule import DROPPABLE_USERS, Rule
+from .spelling import CAST_OPS
 from .traced import IRS, Replacement, TraceError, trace, traced_rule
 
 __all__ = [

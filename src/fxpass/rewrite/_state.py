@@ -1,8 +1,10 @@
 """The mutable state of one matching attempt: bindings, matched nodes, and why it failed.
 
-Matching is a backtracking search written in continuation-passing style: every pattern's
-``_m(value, state, k)`` checks its own constraints, records what it bound, calls the
-continuation ``k()`` for the rest of the pattern, and undoes its bindings when ``k`` fails.
+Matching is a backtracking search written in continuation-passing style (see
+:mod:`fxpass.rewrite.interpret`): every pattern checks its own constraints, records what it
+bound here, calls the continuation ``k()`` for the rest of the pattern, and undoes its
+bindings when ``k`` fails. How it matches (plainly, explaining, or by torch's rules) is
+the matcher's policy, not the state's.
 """
 
 from __future__ import annotations
@@ -16,27 +18,18 @@ MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "<missing>"})()
 
 
 class MatchState:
-    """Bindings of one attempt. Options mirror torch's matcher where the compat layer needs them.
-
-    ``injective``: two pattern nodes may not match the same graph node (torch's rule).
-    ``exact_literals``: literals match only with the same Python type (torch's rule).
-    ``ignore_literals``: literals in the pattern match any literal or node (torch's option).
-    ``name_match``: a graph node whose name contains this string matches any pattern node.
-    ``explain``: remember the deepest failure and its reason (see :mod:`fxpass.rewrite.explain`).
-    """
+    """Bindings of one attempt; ``found`` holds the :class:`~fxpass.rewrite.Match` when one
+    completes. ``order`` (a topological order, or a function making one) serves the cycle
+    check; ``why``/``why_node``/``why_depth`` hold the deepest failure an explaining
+    matcher saw."""
 
     __slots__ = (
         "chains",
         "env",
-        "exact_literals",
-        "explain",
-        "ignore_literals",
-        "injective",
+        "found",
         "memo",
-        "name_match",
         "nodes",
         "order",
-        "plain",
         "roots",
         "used",
         "why",
@@ -44,31 +37,16 @@ class MatchState:
         "why_node",
     )
 
-    def __init__(
-        self,
-        *,
-        injective: bool = False,
-        exact_literals: bool = False,
-        ignore_literals: bool = False,
-        name_match: str = "",
-        explain: bool = False,
-        order: Any = None,
-    ) -> None:
+    def __init__(self, *, order: Any = None) -> None:
         self.env: dict[str, Any] = {}
-        self.memo: dict[int, Any] = {}
+        self.memo: dict[int, Any] = {}  # id(shared pattern) -> what it matched
         self.nodes: list[Node] = []
         # the runs of nodes a P.through pattern saw through (innermost first), in match order
         self.chains: list[tuple[Node, ...]] = []
         self.roots: list[Node] = []  # the node each root of a multi-root pattern matched
-        self.used: dict[Node, Any] = {}
-        self.injective = injective
-        self.exact_literals = exact_literals
-        self.ignore_literals = ignore_literals
-        self.name_match = name_match
-        self.explain = explain
+        self.used: dict[Node, Any] = {}  # torch's rule: graph node -> the pattern it matched
         self.order = order
-        # the default mode, where a rule's compiled matcher may stand in for the interpreter
-        self.plain = not (explain or injective or exact_literals or ignore_literals or name_match)
+        self.found: Any = None
         self.why: str | None = None
         self.why_depth = -1
         self.why_node: Node | None = None
@@ -84,9 +62,10 @@ class MatchState:
             self.used.clear()
         if self.chains:
             self.chains.clear()
+        self.found = None
 
     def miss(self, reason: Callable[[], str], node: Any = None, *, whole: bool = False) -> bool:
-        """Record why matching failed here (explain mode keeps the deepest failure); False.
+        """Record why matching failed here, keeping the deepest failure; False.
 
         ``whole``: the pattern's structure matched and a check on the whole match failed;
         such a failure explains more than any partial one."""

@@ -1,6 +1,6 @@
 """Compiled matchers: a rule's pattern turned into straight-line Python, once.
 
-The pattern interpreter (:mod:`fxpass.rewrite.pattern`) matches by continuation-passing,
+The pattern interpreter (:mod:`fxpass.rewrite.interpret`) matches by continuation-passing,
 which supports every feature — alternatives with backtracking, explanations, torch's
 matching rules — at the price of a closure per step. Most rules have no alternatives:
 their only choice points are commutative operands. For those, :func:`compile_rule`
@@ -8,7 +8,9 @@ generates one function that walks the pattern depth-first with the bindings in l
 variables, a ``for`` loop over the two operand orders at each commutative op, and
 ``continue`` as backtracking; it is several times faster and gives the same matches. A
 rule whose pattern has alternatives, or a multi-root pattern, keeps the interpreter (as do
-explain mode and the torch-compatible matcher).
+the explaining and the torch-compatible matchers). Both order sibling sub-patterns by
+:func:`~fxpass.rewrite.arguments.rank` (ties in the order of the op's arguments), so they
+find the same match first.
 
 >>> print(compile_rule(rule).source)     # doctest: +SKIP
 """
@@ -22,7 +24,10 @@ from torch.fx import Node
 
 from ..fxutil.dialect import has_dim_order_spelling, is_edge_op
 from ._state import MISSING
-from .pattern import AnyOf, Const, Lit, P, Pattern, Seq, Var, _lit_eq, _strict_ok
+from .arguments import rank
+from .constraint import lit_eq
+from .interpret import strict_ok
+from .pattern import AnyOf, Const, Lit, P, Pattern, Seq, Var
 
 __all__ = ["CompiledMatcher", "compile_rule"]
 
@@ -30,7 +35,8 @@ _MAX_LINES = 4000
 
 
 class CompiledMatcher:
-    """A generated matching function (``fn(node, st, final) -> bool``) and its source."""
+    """A generated matching function (``fn(node, st, final) -> bool``, ``final(rule, st)``
+    the whole-match checks) and its source."""
 
     def __init__(self, fn: Callable[..., bool], source: str) -> None:
         self.fn = fn
@@ -51,13 +57,14 @@ def compile_rule(rule: Any) -> CompiledMatcher | None:
     if len(rule.roots) != 1 or not _supported(rule.roots[0]):
         return None
     gen = _Gen()
+    gen.rule = gen.const(rule)
     gen.emit([(rule.roots[0], "v0")], _Static(), 1)
     if gen.too_big:
         return None
     body = "\n".join(gen.lines)
     source = f"def match(v0, st, final):\n{body}\n    return False\n"
     env = dict(gen.consts)
-    env.update(Node=Node, _lit_eq=_lit_eq, _strict_ok=_strict_ok, MISSING=MISSING)
+    env.update(Node=Node, _lit_eq=lit_eq, _strict_ok=strict_ok, MISSING=MISSING)
     env.update(_edge_wrapped=_edge_wrapped)
     code = compile(source, f"<fxpass rule {rule.name}>", "exec")
     exec(code, env)
@@ -85,6 +92,7 @@ class _Gen:
         self.consts: dict[str, Any] = {}
         self.count = 0
         self.too_big = False
+        self.rule = ""
 
     def const(self, obj: Any) -> str:
         name = f"K{len(self.consts)}"
@@ -207,7 +215,7 @@ class _Gen:
         r = None
         if single:
             (target,) = p.fns
-            r = p._resolve(target)
+            r = p.layout(target)
             if not r.ok:
                 self.line(ind, f)  # can never match
                 return ind, [], []
@@ -222,8 +230,8 @@ class _Gen:
         else:
             pk = self.const(p)
             rv = self.local("r")
-            self.line(ind, f"if not {pk}._op_ok({v}): {f}")
-            res = f"{pk}._resolve({v}.target if {v}.op == 'call_function' else {v}.op)"
+            self.line(ind, f"if not {pk}.accepts({v}): {f}")
+            res = f"{pk}.layout({v}.target if {v}.op == 'call_function' else {v}.op)"
             self.line(ind, f"{rv} = {res}")
             self.line(ind, f"if not {rv}.ok: {f}")
         self.bind(p, v, s, ind, node=True)
@@ -232,7 +240,7 @@ class _Gen:
             self.line(ind, f"if {c}.failure({v}, {v}) is not None: {f}")
         if r is None or r.pos_limit >= 0:
             check = f"({rv}.unmentioned or {rv}.pos_limit >= 0) and " if r is None else ""
-            self.line(ind, f"if {check}not _strict_ok({rv}, {v}._args, {v}._kwargs, {v}, st): {f}")
+            self.line(ind, f"if {check}not _strict_ok({rv}, {v}._args, {v}._kwargs, _lit_eq): {f}")
         elif r.unmentioned:  # arguments left out must hold their defaults: inline checks
             u = self.local("u")
             for index, name, default in r.unmentioned:
@@ -255,7 +263,7 @@ class _Gen:
         locs = [self.local("x") for _ in children]
         start, deferred = 0, []
         if p.commutative and len(children) >= 2 and len(p.args) >= 2:
-            if _rank(children[0]) >= 3 and _rank(children[1]) >= 3:
+            if rank(children[0]) >= 3 and rank(children[1]) >= 3:
                 # swapping only changes bindings: choose late, after the structure matched
                 e0, e1 = self.local("e"), self.local("e")
                 self.line(ind, f"{e0}, {e1} = {slot(0)}, {slot(1)}")
@@ -272,7 +280,7 @@ class _Gen:
         for k in range(start, len(children)):
             self.line(ind, f"{locs[k]} = {slot(k)}")
         first = 2 if start == 2 else 0
-        order = sorted(range(len(children)), key=lambda k: _rank(children[k]))
+        order = child_order(children, r.child_slot if r is not None else None)
         items = [(children[k], locs[k]) for k in order if k >= first or not deferred]
         return ind, items, deferred
 
@@ -280,15 +288,15 @@ class _Gen:
         env = ", ".join(f"{name!r}: {loc}" for name, loc in s.bound.items())
         self.line(ind, f"st.env = {{{env}}}")
         self.line(ind, f"st.nodes = [{', '.join(s.nodes)}]")
-        self.line(ind, "if final(st):")
+        self.line(ind, f"if final({self.rule}, st):")
         self.line(ind + 1, "return True")
 
 
-def _rank(p: Pattern) -> int:
-    if isinstance(p, Lit):
-        return 0
-    if isinstance(p, P):
-        return 1
-    if isinstance(p, Seq):
-        return 2
-    return 3
+def child_order(children: list[Pattern], slots: list[int] | None) -> list[int]:
+    """Indices of an op pattern's ``children`` in the order they are matched: by
+    :func:`~fxpass.rewrite.arguments.rank`, ties in argument (slot) order, as the
+    interpreter does when ``slots`` (each child's slot in the target's layout) are known."""
+    return sorted(
+        range(len(children)),
+        key=lambda k: (rank(children[k]), slots[k] if slots is not None else k),
+    )

@@ -1,4 +1,4 @@
-"""Drivers: apply rules to a graph once, or to a fixpoint with a worklist.
+"""Drivers: apply rules to a graph once, or to a fixpoint with a worklist; rule sets.
 
 >>> from fxpass.rewrite import rewrite
 >>> result = rewrite(gm, my_rules)              # to a fixpoint
@@ -11,6 +11,9 @@ matches are thus resolved deterministically: the earliest root in graph order wi
 earliest rule. The fixpoint driver then revisits what each rewrite touched (the new nodes,
 their users, and the users of the match's inputs) until nothing matches, and stops with
 :class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites.
+
+A :class:`RuleSet` is rules as data (an ordered list, composed with ``+``) that runs as a
+pass through these drivers.
 """
 
 from __future__ import annotations
@@ -25,17 +28,18 @@ from torch import fx
 from torch.fx import Node
 
 from ..core.context import current_context
+from ..core.contract import Pass, PassResult
 from ..core.errors import NonConvergenceError
 from ..fxutil.dialect import spellings
 from ._location import short
 from ._state import MatchState
-from .explain import near_misses
+from .explain import explain, near_misses
 from .match import Matcher, RuleStats
 from .order import _sort_key
 from .rewriter import Rewriter
-from .rule import Rule, RuleSet, as_rule
+from .rule import Rule, as_rule
 
-__all__ = ["RewriteResult", "rewrite"]
+__all__ = ["RewriteResult", "RuleSet", "rewrite", "rules"]
 
 
 @dataclass
@@ -124,7 +128,7 @@ def _rewrite_at(
     node: Node, rw: Rewriter, matcher: Matcher, st: MatchState, track_inputs: bool = False
 ) -> Any:
     """Try the node's rules in order; the applied match, or None."""
-    for match, s in matcher._matches(matcher.rules_for(node), node, st):
+    for match, s in matcher.matches(matcher.rules_for(node), node, st):
         if track_inputs:  # read them now: erased nodes forget their arguments
             region = set(match.nodes)
             inputs = {a: None for n in match.nodes for a in n.all_input_nodes if a not in region}
@@ -268,3 +272,90 @@ def _report(result: RewriteResult, matcher: Matcher, graph: fx.Graph) -> None:
             ctx.stat(f"{name}.declined", s.declined)
         if s.skipped:
             ctx.stat(f"{name}.skipped", s.skipped)
+
+
+class RuleSet(Pass):
+    """An ordered set of rules, run as one pass. Rule sets compose with ``+``.
+
+    ``once=False`` (default) rewrites to a fixpoint with a worklist, raising
+    :class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites (default: ten per
+    node); ``once=True`` walks the graph once and does not revisit what it created.
+    Earlier rules win where several match at the same node.
+    """
+
+    statistics = {
+        "rewrites": "rewrites made",
+        "<rule>.tried": "nodes each rule was tried at",
+        "<rule>.matched": "matches each rule found",
+        "<rule>.rewritten": "matches each rule replaced",
+        "<rule>.ms": "milliseconds spent matching each rule",
+    }
+
+    def __init__(
+        self,
+        name: str = "rules",
+        rules: Iterable[Any] = (),
+        *,
+        once: bool = False,
+        max_rewrites: int | None = None,
+    ) -> None:
+        self.name = name
+        self.rules: list[Rule] = [as_rule(r) for r in rules]
+        self.once = once
+        self.max_rewrites = max_rewrites
+        self._matcher: Matcher | None = None
+        seen: dict[str, Rule] = {}
+        for r in self.rules:
+            if r.name in seen and seen[r.name] is not r:
+                r.name = f"{r.name}@{short(r.location).rsplit('/', 1)[-1]}"
+            seen[r.name] = r
+
+    def __add__(self, other: Any) -> RuleSet:
+        if isinstance(other, Rule):
+            others = [other]
+            other_name = other.name
+        elif isinstance(other, RuleSet):
+            others = other.rules
+            other_name = other.name
+        else:
+            return NotImplemented
+        return RuleSet(
+            f"{self.name}+{other_name}",
+            [*self.rules, *others],
+            once=self.once,
+            max_rewrites=self.max_rewrites,
+        )
+
+    def __iter__(self):
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def __getitem__(self, name: str) -> Rule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(f"no rule named {name!r} in {self.name}; rules: {[r.name for r in self]}")
+
+    def matcher(self) -> Matcher:
+        if self._matcher is None or self._matcher.rules != self.rules:
+            self._matcher = Matcher(self.rules)
+        return self._matcher
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        result = rewrite(gm, self, once=self.once, max_rewrites=self.max_rewrites)
+        return PassResult(gm, result.modified)
+
+    def explain(self, target: Any, rule: str | Rule | None = None) -> Any:
+        """Why rules (or one rule) did not match at a node or anywhere in a graph."""
+        chosen = self[rule] if isinstance(rule, str) else rule
+        return explain(chosen if chosen is not None else self, target)
+
+    def __repr__(self) -> str:
+        return f"RuleSet({self.name!r}, {len(self.rules)} rules)"
+
+
+def rules(name: str, items: Iterable[Any], **options: Any) -> RuleSet:
+    """A :class:`RuleSet` called ``name`` from rules and ``(pattern, replacement)`` tuples."""
+    return RuleSet(name, items, **options)

@@ -5,13 +5,16 @@
 >>> print(explain(rule, gm))        # where it matched, and its closest miss
 >>> print(explain(rule_set, gm))    # the same for every rule of a set
 
-The matcher replays the search with explanations on and keeps the failure that came
-deepest into the pattern (the most nodes matched): wrong op, extra user, literal differs,
-dtype/rank/shape, a name bound twice to different values, a predicate, a would-be cycle.
+:class:`Explainer` replays the search — the interpreter with its handlers overridden to
+say why each check failed, as tinygrad swaps in a tracking matcher — and keeps the failure
+that came deepest into the pattern (the most nodes matched): wrong op, extra user, literal
+differs, dtype/rank/shape, a name bound twice to different values, a predicate, a would-be
+cycle. The plain matcher never asks whether it is explaining.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +24,16 @@ from torch.fx import Node
 from ..fxutil.dialect import aten_op
 from ..fxutil.views import view_base_name
 from ._location import short
-from ._state import MatchState
-from .match import _lazy_order
-from .pattern import CAST_OPS, AnyOf, P, Pattern, node_key, op_name
-from .rule import Rule, RuleSet, as_rule
+from ._state import MISSING, MatchState
+from .constraint import constant_number, fn_name, lit_eq, show
+from .interpret import Cont, Interpreter, always, is_a, strict_ok
+from .match import attempt
+from .pattern import AnyOf, P, Pattern
+from .region import Failure, complete, lazy_order
+from .rule import Rule, as_rule
+from .spelling import CAST_OPS, node_key, op_name
 
-__all__ = ["Explanation", "GraphExplanation", "explain", "near_misses"]
+__all__ = ["Explainer", "Explanation", "GraphExplanation", "explain", "near_misses"]
 
 
 @dataclass
@@ -133,15 +140,15 @@ def explain_at(rule: Rule, node: Node, order: Any = None) -> Explanation:
             f"wrong op at the root: the rule starts at {_root_ops(rule)}, %{node.name} is {have}",
             node,
         )
-    st = MatchState(explain=True, order=order if order is not None else _lazy_order(node.graph))
-    if rule._try(node, st):
+    st = MatchState(order=order if order is not None else lazy_order(node.graph))
+    if attempt(rule, node, st, _EXPLAINER):
         return Explanation(rule, node, True)
     return Explanation(rule, node, False, st.why or "no match", st.why_node, st.why_depth)
 
 
 def _explain_graph(rule: Rule, graph: fx.Graph) -> GraphExplanation:
     keys = rule.index_keys()
-    order = _lazy_order(graph)
+    order = lazy_order(graph)
     out = GraphExplanation(rule, 0)
     for node in graph.nodes:
         if keys is not None and not _may_root(keys, node):
@@ -185,7 +192,7 @@ def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explana
     candidates; the deepest misses come first."""
     keys = rule.index_keys()
     need = max(1, min_ops(rule.roots[0]) // 2)
-    order = _lazy_order(graph)
+    order = lazy_order(graph)
     out: list[Explanation] = []
     replayed = 0
     for node in graph.nodes:
@@ -230,11 +237,10 @@ def explain(rules: Any, target: Any) -> Any:
     """Explain ``rules`` (a rule, a rule set or a list) at a node or over a graph."""
     if isinstance(target, fx.GraphModule):
         target = target.graph
-    if isinstance(rules, RuleSet):
-        return Explanations([explain(r, target) for r in rules])
-    if isinstance(rules, (list, tuple)) and not isinstance(rules, Rule):
-        items = [as_rule(r) for r in rules] if not _is_rule_tuple(rules) else [as_rule(rules)]
-        return Explanations([explain(r, target) for r in items])
+    if _is_rule_tuple(rules):
+        return Explanations([explain(as_rule(rules), target)])
+    if isinstance(rules, Iterable) and not isinstance(rules, Rule):  # a RuleSet, a list
+        return Explanations([explain(as_rule(r), target) for r in rules])
     rule = as_rule(rules)
     if isinstance(target, Node):
         return explain_at(rule, target)
@@ -249,3 +255,162 @@ def _is_rule_tuple(x: Any) -> bool:
     return (
         isinstance(x, tuple) and len(x) in (2, 3) and callable(x[1]) and not isinstance(x[1], Rule)
     )
+
+
+# ----- the explaining matcher ---------------------------------------------------------------
+class Explainer(Interpreter):
+    """The interpreter, saying why: each handler first checks what the plain one checks at
+    its own node and records the first failure (:meth:`MatchState.miss` keeps the deepest),
+    then hands over to the plain handler for the rest of the search."""
+
+    compiled = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quick = always  # every ordering is searched, so every failure is seen
+
+    def lit(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool:
+        if not self.lit_ok(p.value, v):
+            return st.miss(lambda: f"literal differs: expected {p.value!r}, got {show(v)}", v)
+        return k()
+
+    def var(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool:
+        if not (p._shared and id(p) in st.memo):
+            if p.node_only and not isinstance(v, Node):
+                return st.miss(lambda: f"expected a node for '{p.name}', got {v!r}", v)
+            why = p.constraint.failure(v) if p.constraint is not None else None
+            if why is not None:
+                return st.miss(lambda: why, v)
+        return super().var(p, v, st, k)
+
+    def const(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool:
+        if isinstance(v, Node):
+            return st.miss(lambda: f"expected a literal for '{p.name}', got node {show(v)}")
+        if p.types is not None and not is_a(v, p.types):
+            want = "/".join(t.__name__ for t in p.types)
+            return st.miss(lambda: f"expected a {want} literal, got {v!r}")
+        if p.where is not None and not p.where(v):
+            return st.miss(lambda: f"predicate {fn_name(p.where)} is false for {v!r}")
+        return super().const(p, v, st, k)
+
+    def scalar(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool:
+        number = constant_number(v) if v.__class__ is Node else v
+        if not is_a(number, p.types):
+            want = "/".join(t.__name__ for t in p.types)
+            msg = f"expected a {want} (a literal or a one-element constant), got {show(v)}"
+            return st.miss(lambda msg=msg: msg, v)
+        return super().scalar(p, v, st, k)
+
+    def seq(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool:
+        if not isinstance(v, (list, tuple)) or len(v) != len(p.items):
+            return st.miss(lambda: f"expected a sequence of {len(p.items)}, got {show(v)}")
+        return super().seq(p, v, st, k)
+
+    def op(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool:
+        if v.__class__ is not Node:
+            return st.miss(lambda: f"expected a node calling {p.describe_ops()}, got {v!r}")
+        if not p.accepts(v):
+            return st.miss(lambda: _wrong_op(p, v), v)
+        if p._shared and id(p) in st.memo:
+            return super().op(p, v, st, k)  # memo_hit explains a mismatch
+        why = p.constraint.failure(v, v) if p.constraint is not None else None
+        if why is not None:
+            return st.miss(lambda: why, v)
+        r = p.layout(v.target if v.op == "call_function" else v.op)
+        if not r.ok:
+            return st.miss(lambda: f"{show(v)}: the pattern's arguments do not fit", v)
+        why = _strict_failure(r, v, self.lit_ok)
+        if why is not None:
+            return st.miss(lambda: why, v)
+        vals = r.getter(v.args, v.kwargs)
+        for i, lit in r.lits:  # as the plain matcher tries the operands as given first
+            if lit is not vals[i] and not self.lit_ok(lit, vals[i]):
+                index, name = r.slots[i][0], r.slots[i][1]
+                msg = (
+                    f"literal differs: argument '{name or f'#{index}'}' of "
+                    f"{show(v)} is {show(vals[i])}, expected {lit!r}"
+                )
+                st.nodes.append(v)
+                st.miss(lambda msg=msg: msg, v)
+                st.nodes.pop()
+                break
+        return super().op(p, v, st, k)
+
+    def bind(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool:
+        name = p.name
+        prev = st.env.get(name, MISSING) if name is not None else MISSING
+        if prev is not MISSING and not (prev is v or (not isinstance(v, Node) and lit_eq(prev, v))):
+            return st.miss(
+                lambda: (
+                    f"'{name}' is already bound to {show(prev)}, but here it would be {show(v)}"
+                ),
+                v,
+            )
+        return super().bind(p, v, st, k)
+
+    def memo_hit(self, p: Any, v: Any, st: MatchState, k: Cont) -> bool | None:
+        prev = st.memo.get(id(p), MISSING)
+        if prev is MISSING or prev is v or (not isinstance(v, Node) and lit_eq(prev, v)):
+            return super().memo_hit(p, v, st, k)
+        if p.name:
+            msg = f"'{p.name}' is already bound to {show(prev)}, but here it would be {show(v)}"
+        else:
+            msg = f"this pattern already matched {show(prev)}; here it meets {show(v)}"
+        return st.miss(lambda msg=msg: msg, v)
+
+    def next_root(self, rule: Any, j: int, st: MatchState) -> bool:
+        if self.root_candidates(rule, j, st) == []:
+            return st.miss(lambda: f"no candidate for root {j + 1} of the pattern")
+        return super().next_root(rule, j, st)
+
+    def final(self, rule: Any, st: MatchState) -> bool:
+        m = complete(rule, st)
+        if isinstance(m, Failure):
+            return st.miss(lambda: _whole_failure(m), m.node, whole=True)
+        st.found = m
+        return True
+
+
+def _whole_failure(f: Failure) -> str:
+    if f.kind == "output":
+        return f"output {show(f.node)} is not a node of the match"
+    if f.kind == "where":
+        if f.detail is None:
+            return "the rule's where(...) returned False"
+        return f"the rule's where raised {type(f.detail).__name__}: {f.detail}"
+    if f.kind == "extra user":
+        return (
+            f"extra user: %{f.node.name} is also used by %{f.detail.name}, outside the "
+            "match (only the rule's outputs may be)"
+        )
+    return f"would create a cycle: a path leaves the match and comes back through %{f.node.name}"
+
+
+def _strict_failure(r: Any, v: Node, same: Any) -> str | None:
+    """Why ``v``'s arguments break :func:`~fxpass.rewrite.interpret.strict_ok`, or None."""
+    args, kwargs = v.args, v.kwargs
+    for index, name, default in r.unmentioned:
+        val = args[index] if 0 <= index < len(args) else kwargs.get(name, default)
+        if not (val is default or same(default, val)):
+            return (
+                f"{show(v)}: argument '{name}' is {show(val)}; the pattern "
+                f"leaves it out, so it must be its default {default!r}"
+            )
+    if r.pos_limit >= 0 and not strict_ok(r, args, kwargs, same):
+        return (
+            f"{show(v)} has other arguments than the pattern ({len(args)} "
+            f"positional, keywords {sorted(kwargs)}; the pattern gives "
+            f"{r.pos_limit} and {sorted(r.kw_names)})"
+        )
+    return None
+
+
+def _wrong_op(p: Any, v: Node) -> str:
+    if v.op in ("call_function", "call_method", "call_module"):
+        have = op_name(v.target) if v.op != "call_module" else f"module {v.target}"
+    else:
+        have = f"a {v.op}"
+    return f"wrong op: expected {p.describe_ops()}, got {have} (%{v.name})"
+
+
+_EXPLAINER = Explainer()

@@ -1,69 +1,36 @@
-"""Matches, and the op-indexed matcher that finds them.
+"""The op-indexed matcher: one interface in front of the interpreted and compiled matchers.
 
 The matcher files every rule under the ops its root pattern can match, so a node only tries
 the rules that can match it: a graph of 16,000 nodes with one fusion rule tries that rule at
-the few hundred nodes that call its root op, not everywhere.
+the few hundred nodes that call its root op, not everywhere. At each node a rule is tried by
+its compiled matcher (:mod:`~fxpass.rewrite.compile`) where it has one and the policy
+allows, else by the interpreter (:mod:`~fxpass.rewrite.interpret`) — or a subclass of it
+that explains misses or follows torch's rules. Either way the result is a
+:class:`~fxpass.rewrite.Match`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from torch import fx
 from torch.fx import Node
 
 from ..fxutil.dialect import aten_op, spellings
-from ._state import MatchState
-from .pattern import _OpOverload, _OpOverloadPacket
-from .rule import _DROPPED, _NODES, _OUTS, _SOFT, Rule
+from ._state import MISSING, MatchState
+from .compile import CompiledMatcher, compile_rule
+from .interpret import Interpreter
+from .region import Match, lazy_order
+from .spelling import OpOverload, OpOverloadPacket
 
-__all__ = ["Match", "Matcher", "RuleStats"]
+if TYPE_CHECKING:
+    from .rule import Rule
 
+__all__ = ["Matcher", "RuleStats", "attempt", "match_at"]
 
-@dataclass
-class Match:
-    """Where a rule matched: the root node, the names bound, and the nodes the match covers.
-
-    ``outputs`` are the nodes whose uses the replacement takes over (the roots, then the
-    rule's named outputs); ``nodes`` every node matched by an op pattern; ``dropped`` the
-    assertion nodes hanging off inner nodes that go away with them; ``chains`` the runs of
-    views and no-op casts that :meth:`P.through <fxpass.rewrite.P.through>` patterns saw
-    through (innermost node first), and ``seen_through`` those of their nodes that stay in
-    the graph (erased once nothing uses them).
-    """
-
-    rule: Rule
-    root: Node
-    bindings: dict[str, Any]
-    nodes: list[Node]
-    outputs: list[Node]
-    dropped: list[Node] = field(default_factory=list)
-    inputs: list[Node] = field(default_factory=list)  # filled in by the fixpoint driver
-    chains: list[tuple[Node, ...]] = field(default_factory=list)
-    seen_through: list[Node] = field(default_factory=list)
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return self.bindings[name]
-        except KeyError:
-            raise KeyError(
-                f"the match of rule '{self.rule.name}' binds no '{name}'; "
-                f"it binds {sorted(self.bindings)}"
-            ) from None
-
-    @property
-    def graph(self) -> fx.Graph:
-        return self.root.graph
-
-    def __repr__(self) -> str:
-        binds = ", ".join(
-            f"{k}=%{v.name}" if isinstance(v, Node) else f"{k}={v!r}"
-            for k, v in self.bindings.items()
-        )
-        return f"Match({self.rule.name} at %{self.root.name}: {binds})"
+_PLAIN = Interpreter()
 
 
 @dataclass
@@ -88,11 +55,44 @@ class RuleStats:
         }
 
 
-class Matcher:
-    """Rules indexed by root op; :meth:`match` returns the first rule's match at a node."""
+def compiled(rule: Rule) -> CompiledMatcher | None:
+    """The rule's compiled matcher, generated on first use (None: it needs the interpreter)."""
+    c = rule._compiled
+    if c is MISSING:
+        c = rule._compiled = compile_rule(rule)
+    return c
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+
+def attempt(rule: Rule, node: Node, st: MatchState, interp: Interpreter = _PLAIN) -> bool:
+    """Try ``rule`` rooted at ``node``; on success ``st.found`` holds the match."""
+    st.reset()
+    st.roots = [node]
+    if interp.compiled:
+        c = rule._compiled
+        if c is MISSING:
+            c = compiled(rule)
+        if c is not None:
+            return c.fn(node, st, interp.final)
+    return interp.match_rule(rule, node, st)
+
+
+def match_at(
+    rule: Rule, node: Node, *, order: Any = None, interp: Interpreter = _PLAIN
+) -> Match | None:
+    """The match of ``rule`` at ``node`` (no index consulted), or None."""
+    st = MatchState(order=order if order is not None else lazy_order(node.graph))
+    return st.found if attempt(rule, node, st, interp) else None
+
+
+class Matcher:
+    """Rules indexed by root op; :meth:`match` returns the first rule's match at a node.
+
+    ``interp``: how to match (default: plainly, compiled where possible); e.g.
+    :class:`~fxpass.rewrite.torchlike.TorchMatching` for torch's rules."""
+
+    def __init__(self, rules: Sequence[Rule], interp: Interpreter | None = None) -> None:
         self.rules = list(rules)
+        self.interp = interp or _PLAIN
         # call_function targets are filed by id(): OpOverload.__hash__ is Python code.
         self._by_key: dict[Any, list[int]] = {}
         self._targets: dict[int, Any] = {}  # id -> target (keeps ids valid)
@@ -107,7 +107,7 @@ class Matcher:
                     self._targets[id(key)] = key
                     key = id(key)
                 self._by_key.setdefault(key, []).append(i)
-        self._has_packets = any(isinstance(t, _OpOverloadPacket) for t in self._targets.values())
+        self._has_packets = any(isinstance(t, OpOverloadPacket) for t in self._targets.values())
         self._cache: dict[Any, tuple[Any, tuple[Rule, ...]]] = {}
         self.stats: dict[str, RuleStats] = {r.name: RuleStats() for r in self.rules}
 
@@ -147,7 +147,7 @@ class Matcher:
             base = aten_op(target)  # rules written for ATen match its Edge spellings
             if base is not target:
                 idx |= set(self._by_key.get(id(base), ()))
-            if isinstance(base, _OpOverload):
+            if isinstance(base, OpOverload):
                 idx |= set(self._by_key.get(id(base.overloadpacket), ()))
         rules = tuple(self.rules[i] for i in sorted(idx))
         self._cache[key] = (target, rules)
@@ -158,55 +158,25 @@ class Matcher:
         rules = self.rules_for(node)
         if not rules:
             return None
-        for match, _ in self._matches(rules, node, st or MatchState(order=order)):
+        for match, _ in self.matches(rules, node, st or MatchState(order=order)):
             return match
         return None
 
-    def _matches(self, rules: Sequence[Rule], node: Node, st: MatchState):
+    def matches(
+        self, rules: Sequence[Rule], node: Node, st: MatchState
+    ) -> Iterator[tuple[Match, RuleStats]]:
         """(match, the rule's stats) for each of ``rules`` that matches at ``node``, in
         order; every rule tried is timed and counted. The driver takes the first match it
         can apply."""
         stats = self.stats
         perf = time.perf_counter
+        interp = self.interp
         for rule in rules:
             s = stats[rule.name]
             t0 = perf()
-            ok = rule._try(node, st)
+            ok = attempt(rule, node, st, interp)
             s.seconds += perf() - t0
             s.tried += 1
             if ok:
                 s.matched += 1
-                yield _make_match(rule, node, st), s
-
-    def match_rule(self, rule: Rule, node: Node, *, order: Any = None) -> Match | None:
-        """The match of ``rule`` at ``node`` (index not consulted), or None."""
-        st = MatchState(order=order if order is not None else _lazy_order(node.graph))
-        if rule._try(node, st):
-            return _make_match(rule, node, st)
-        return None
-
-
-def _make_match(rule: Rule, node: Node, st: MatchState) -> Match:
-    return Match(
-        rule=rule,
-        root=node,
-        bindings=dict(st.env),
-        nodes=list(st.memo[_NODES]),
-        outputs=list(st.memo[_OUTS]),
-        dropped=list(st.memo[_DROPPED]),
-        chains=list(st.chains),
-        seen_through=list(st.memo[_SOFT]),
-    )
-
-
-def _lazy_order(graph: fx.Graph) -> Callable[[], Any]:
-    from .order import TopoOrder
-
-    box: list[Any] = []
-
-    def get() -> Any:
-        if not box:
-            box.append(TopoOrder(graph))
-        return box[0]
-
-    return get
+                yield st.found, s

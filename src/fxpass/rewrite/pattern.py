@@ -41,167 +41,45 @@ node. Every pattern remembers the ``file:line`` where it was written (``.locatio
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
 from torch.fx import Node
 
 from ..fxutil.dialect import aten_op, is_edge_op
 from ..fxutil.views import keeps_rows
 from ._location import caller_location
-from ._state import MISSING, MatchState
+from .arguments import Layout, layout
+from .constraint import Constraint, is_noop_cast, is_pure_cast
+from .spelling import CAST_OPS, SYMMETRIC, Module, OpOverload, OpOverloadPacket, op_name
 
 __all__ = ["CAST_OPS", "P", "Pattern", "Scalar", "Through"]
 
-aten = torch.ops.aten
-prims = torch.ops.prims
-
-_OpOverload = torch._ops.OpOverload
-_OpOverloadPacket = torch._ops.OpOverloadPacket
-
-# Ops whose first two operands may be swapped without changing the result.
-_SYMMETRIC: frozenset[Any] = frozenset(
-    [
-        aten.add.Tensor,
-        aten.add.Scalar,
-        aten.mul.Tensor,
-        aten.mul.Scalar,
-        aten.maximum.default,
-        aten.minimum.default,
-        aten.logical_and.default,
-        aten.logical_or.default,
-        aten.eq.Tensor,
-        aten.ne.Tensor,
-        operator.add,
-        operator.mul,
-        torch.add,
-        torch.mul,
-        torch.maximum,
-        torch.minimum,
-        "add",
-        "mul",
-    ]
-)
-
-#: Ops (and methods) that convert a tensor's dtype; their first argument is the input.
-CAST_OPS: frozenset[Any] = frozenset(
-    [
-        aten._to_copy.default,
-        aten.to.dtype,
-        aten.to.dtype_layout,
-        aten.type_as.default,
-        prims.convert_element_type.default,
-        "to",
-        "float",
-        "half",
-        "bfloat16",
-        "double",
-        "type",
-        "type_as",
-    ]
-)
-
-
-def op_name(target: Any) -> str:
-    """A readable name for an op target (``aten.mul.Tensor``, ``operator.add``, ``.float()``)."""
-    if isinstance(target, str):
-        return f".{target}()"
-    if isinstance(target, (_OpOverload, _OpOverloadPacket)):
-        return str(target)
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
-    module = {
-        "_operator": "operator",
-        "torch._C._VariableFunctions": "torch",
-        "torch._VariableFunctionsClass": "torch",
-        "torch._C._nn": "torch._C._nn",
-    }.get(module, module)
-    if module == "torch" or name.startswith("_VariableFunctionsClass."):
-        return f"torch.{getattr(target, '__name__', name)}"
-    return f"{module}.{name}" if module else name
-
-
-def node_key(node: Node) -> Any:
-    """The key an op-indexed matcher files ``node`` under (see :meth:`Pattern.index_keys`)."""
-    op = node.op
-    if op == "call_function":
-        return node.target
-    if op == "call_method":
-        return ("method", node.target)
-    if op == "call_module":
-        return ("module", node.target)
-    return (op,)
-
-
-def value_of(v: Any) -> Any:
-    """The value a pattern constraint inspects: a node's ``meta['val']`` (or Dynamo's
-    ``example_value``, or ``tensor_meta``)."""
-    if isinstance(v, Node):
-        meta = v.meta
-        val = meta.get("val", MISSING)
-        if val is MISSING:  # Dynamo graphs keep fake values as example_value
-            val = meta.get("example_value", MISSING)
-            if val is MISSING:
-                val = meta.get("tensor_meta", MISSING)
-        return val
-    return v
-
-
-def _lit_eq(p: Any, v: Any) -> bool:
-    """Literal equality: bools only equal bools; lists equal tuples element-wise."""
-    if p is v:
-        return True
-    tp, tv = type(p), type(v)
-    if tp is bool or tv is bool:
-        return tp is tv and p == v
-    if isinstance(p, (list, tuple)):
-        return (
-            isinstance(v, (list, tuple))
-            and len(p) == len(v)
-            and all(_lit_eq(a, b) for a, b in zip(p, v))
-        )
-    if isinstance(v, (Node, list, tuple)):
-        return False
-    try:
-        return bool(p == v)
-    except Exception:
-        return False
-
-
-def _lit_eq_exact(p: Any, v: Any) -> bool:
-    """torch's rule: the same Python type and equal (lists recurse element-wise)."""
-    if isinstance(p, (list, tuple)) and isinstance(v, (list, tuple)):
-        return len(p) == len(v) and all(_lit_eq_exact(a, b) for a, b in zip(p, v))
-    try:
-        return type(p) is type(v) and bool(p == v)
-    except Exception:
-        return False
-
-
-def lit_ok(p: Any, v: Any, st: MatchState) -> bool:
-    if st.ignore_literals:
-        return True
-    return _lit_eq_exact(p, v) if st.exact_literals else _lit_eq(p, v)
-
 
 class Pattern:
-    """Base class of all patterns. Subclasses implement ``_m(value, state, k) -> bool``."""
+    """Base class of all patterns: data that the matchers (:mod:`~fxpass.rewrite.interpret`,
+    :mod:`~fxpass.rewrite.compile`) read."""
 
     __slots__ = ("_shared", "location", "name")
+
+    RANK = 3  # see fxpass.rewrite.arguments.rank
+    LITERAL = False
+    free = False  # matches anything and binds nothing: the matchers skip it
 
     def __init__(self, name: str | None = None, location: str | None = None) -> None:
         self.name = name
         self.location = location or caller_location()
         self._shared = False
 
-    # ----- matching ---------------------------------------------------------------------
-    def _m(self, v: Any, st: MatchState, k: Callable[[], bool]) -> bool:  # pragma: no cover
-        raise NotImplementedError
-
+    # ----- introspection ----------------------------------------------------------------
     def index_keys(self) -> frozenset | None:
-        """Keys (see :func:`node_key`) of the nodes this pattern can match; None: any node."""
+        """Keys (see :func:`~fxpass.rewrite.spelling.node_key`) of the nodes this pattern
+        can match; None: any node."""
+        return None
+
+    def first_keys(self) -> tuple[frozenset, bool] | None:
+        """Keys of the ops this pattern's top node can call (ids for functions), and whether
+        any is an op packet; None when it can match anything."""
         return None
 
     def children(self) -> Iterable[Pattern]:
@@ -240,55 +118,6 @@ class Pattern:
     def __ror__(self, other: Any) -> Pattern:
         return AnyOf([_as_pattern(other), self], location=caller_location())
 
-    def _bind(self, v: Any, st: MatchState, k: Callable[[], bool]) -> bool:
-        """Bind ``self.name`` (and the DAG memo) to ``v``, run ``k``, undo on failure."""
-        name = self.name
-        fresh = False
-        if name is not None:
-            prev = st.env.get(name, MISSING)
-            if prev is MISSING:
-                st.env[name] = v
-                fresh = True
-            elif not (prev is v or (not isinstance(v, Node) and _lit_eq(prev, v))):
-                if st.explain:
-                    return st.miss(
-                        lambda: (
-                            f"'{name}' is already bound to {_show(prev)}, "
-                            f"but here it would be {_show(v)}"
-                        ),
-                        v,
-                    )
-                return False
-        if self._shared:
-            st.memo[id(self)] = v
-        if k():
-            return True
-        if fresh:
-            del st.env[name]
-        if self._shared:
-            st.memo.pop(id(self), None)
-        return False
-
-    def _memo_hit(self, v: Any, st: MatchState, k: Callable[[], bool]) -> bool | None:
-        prev = st.memo.get(id(self), MISSING)
-        if prev is MISSING:
-            return None
-        if prev is v or (not isinstance(v, Node) and _lit_eq(prev, v)):
-            return k()
-        if st.explain:
-            if self.name:
-                msg = f"'{self.name}' is already bound to {_show(prev)}, but here it would be {_show(v)}"
-            else:
-                msg = f"this pattern already matched {_show(prev)}; here it meets {_show(v)}"
-            return st.miss(lambda: msg, v)
-        return False
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, Node):
-        return f"%{v.name}"
-    return repr(v)
-
 
 def _as_pattern(x: Any) -> Pattern:
     if isinstance(x, Pattern):
@@ -298,84 +127,17 @@ def _as_pattern(x: Any) -> Pattern:
     return Lit(x)
 
 
-# ----- constraints on meta['val'] -----------------------------------------------------------
-class Constraint:
-    """dtype / rank / shape / predicate constraints on a value's ``meta['val']``."""
-
-    __slots__ = ("dtype", "rank", "shape", "where")
-
-    def __init__(self, dtype=None, rank=None, shape=None, where=None) -> None:
-        if isinstance(dtype, torch.dtype):
-            dtype = frozenset([dtype])
-        elif dtype is not None:
-            dtype = frozenset(dtype)
-        if isinstance(rank, int):
-            rank = frozenset([rank])
-        elif rank is not None:
-            rank = frozenset(rank)
-        self.dtype = dtype
-        self.rank = rank
-        self.shape = tuple(shape) if shape is not None else None
-        self.where = where
-
-    def __bool__(self) -> bool:
-        return any(x is not None for x in (self.dtype, self.rank, self.shape, self.where))
-
-    def failure(self, v: Any, what: Any = None) -> str | None:
-        """None if ``v`` satisfies the constraints, else why not."""
-        if self.dtype is not None or self.rank is not None or self.shape is not None:
-            val = value_of(v)
-            if val is MISSING:
-                return f"{_show(v)} has no meta['val'] to check dtype/rank/shape against"
-            if self.dtype is not None:
-                dt = getattr(val, "dtype", None)
-                if dt not in self.dtype:
-                    want = " or ".join(sorted(str(d) for d in self.dtype))
-                    return f"dtype of {_show(v)} is {dt}, expected {want}"
-            shape = getattr(val, "shape", None)
-            if self.rank is not None and (shape is None or len(shape) not in self.rank):
-                n = None if shape is None else len(shape)
-                return f"rank of {_show(v)} is {n}, expected {sorted(self.rank)}"
-            if self.shape is not None:
-                if shape is None or len(shape) != len(self.shape):
-                    return f"shape of {_show(v)} is {shape}, expected {self.shape}"
-                for have, want in zip(shape, self.shape):
-                    if want is not None and have != want:
-                        return f"shape of {_show(v)} is {tuple(shape)}, expected {self.shape}"
-        if self.where is not None:
-            try:
-                ok = self.where(what if what is not None else v)
-            except Exception as e:  # a predicate that cannot decide says no
-                return f"predicate {_fn_name(self.where)} raised {type(e).__name__}: {e}"
-            if not ok:
-                return f"predicate {_fn_name(self.where)} is false for {_show(v)}"
-        return None
-
-
-def _fn_name(fn: Any) -> str:
-    name = getattr(fn, "__name__", repr(fn))
-    code = getattr(fn, "__code__", None)
-    if name == "<lambda>" and code is not None:
-        return f"<lambda at line {code.co_firstlineno}>"
-    return name
-
-
 # ----- leaves -----------------------------------------------------------------------------
 class Lit(Pattern):
     """A literal argument: equal values match."""
 
     __slots__ = ("value",)
+    RANK = 0
+    LITERAL = True
 
     def __init__(self, value: Any, location: str | None = None) -> None:
         super().__init__(None, location or "")
         self.value = value
-
-    def _m(self, v, st, k):
-        if lit_ok(self.value, v, st):
-            return k()
-        if st.explain:
-            return st.miss(lambda: f"literal differs: expected {self.value!r}, got {_show(v)}", v)
-        return False
 
     def __repr__(self) -> str:
         return repr(self.value)
@@ -395,34 +157,6 @@ class Var(Pattern):
     def free(self) -> bool:
         return self.name is None and self.constraint is None and not self.node_only
 
-    def _m(self, v, st, k):
-        if self._shared:
-            hit = self._memo_hit(v, st, k)
-            if hit is not None:
-                return hit
-        if self.node_only and not isinstance(v, Node):
-            if st.explain:
-                return st.miss(lambda: f"expected a node for '{self.name}', got {v!r}", v)
-            return False
-        c = self.constraint
-        if c is not None:
-            why = c.failure(v)
-            if why is not None:
-                return st.miss(lambda: why, v) if st.explain else False
-        if st.injective and isinstance(v, Node):
-            owner = st.used.get(v, MISSING)
-            if owner is not MISSING and owner is not self:
-                if st.explain:
-                    return st.miss(lambda: f"{_show(v)} is already matched elsewhere", v)
-                return False
-            if owner is MISSING:
-                st.used[v] = self
-                if self._bind(v, st, k):
-                    return True
-                del st.used[v]
-                return False
-        return self._bind(v, st, k)
-
     def __repr__(self) -> str:
         return self.name or "_"
 
@@ -439,30 +173,6 @@ class Const(Pattern):
         self.types = tuple(types) if types else None
         self.where = where
 
-    def _m(self, v, st, k):
-        if isinstance(v, Node):
-            if st.explain:
-                return st.miss(lambda: f"expected a literal for '{self.name}', got node {_show(v)}")
-            return False
-        if self.types is not None:
-            ok = isinstance(v, self.types) and not (
-                type(v) is bool and bool not in self.types and int in self.types
-            )
-            if not ok:
-                if st.explain:
-                    want = "/".join(t.__name__ for t in self.types)
-                    return st.miss(lambda: f"expected a {want} literal, got {v!r}")
-                return False
-        if self.where is not None and not self.where(v):
-            if st.explain:
-                return st.miss(lambda: f"predicate {_fn_name(self.where)} is false for {v!r}")
-            return False
-        if self._shared:
-            hit = self._memo_hit(v, st, k)
-            if hit is not None:
-                return hit
-        return self._bind(v, st, k)
-
     def __repr__(self) -> str:
         return f"const({self.name or ''})"
 
@@ -471,6 +181,7 @@ class Seq(Pattern):
     """A list or tuple argument whose elements are patterns (e.g. ``cat([a, b])``)."""
 
     __slots__ = ("items",)
+    RANK = 2
 
     def __init__(self, items: Iterable[Any], location: str | None = None) -> None:
         super().__init__(None, location or "")
@@ -478,13 +189,6 @@ class Seq(Pattern):
 
     def children(self):
         return self.items
-
-    def _m(self, v, st, k):
-        if not isinstance(v, (list, tuple)) or len(v) != len(self.items):
-            if st.explain:
-                return st.miss(lambda: f"expected a sequence of {len(self.items)}, got {_show(v)}")
-            return False
-        return _chain(self.items, list(v), 0, st, k)
 
     def __repr__(self) -> str:
         return "[" + ", ".join(map(repr, self.items)) + "]"
@@ -494,6 +198,7 @@ class AnyOf(Pattern):
     """Alternatives, tried in order; a later one is tried when the rest of the match fails."""
 
     __slots__ = ("options",)
+    RANK = 2
 
     def __init__(self, options: Iterable[Any], *, name=None, location=None) -> None:
         super().__init__(name, location)
@@ -518,22 +223,21 @@ class AnyOf(Pattern):
             keys |= ks
         return frozenset(keys)
 
-    def _m(self, v, st, k):
-        if self._shared:
-            hit = self._memo_hit(v, st, k)
-            if hit is not None:
-                return hit
-        then = k if self.name is None and not self._shared else lambda: self._bind(v, st, k)
-        return any(o._m(v, st, then) for o in self.options)
+    def first_keys(self):
+        keys, packets = set(), False
+        for o in self.options:
+            sub = o.first_keys()
+            if sub is None:
+                return None
+            keys |= sub[0]
+            packets |= sub[1]
+        return frozenset(keys), packets
 
     def __repr__(self) -> str:
         return "(" + " | ".join(map(repr, self.options)) + ")"
 
 
 # ----- seeing through ops that keep the values ----------------------------------------------
-_MAX_CHAIN = 16  # a longer run of views between two ops is no spelling anyone writes
-
-
 class Through(Pattern):
     """``inner`` at the value, or at the value behind a chain of ops that leave each of its
     rows (its values along the last dimension) as they are: shape-only ops that keep the
@@ -547,6 +251,7 @@ class Through(Pattern):
     """
 
     __slots__ = ("casts", "inner", "views")
+    MAX_CHAIN = 16  # a longer run of views between two ops is no spelling anyone writes
 
     def __init__(self, inner: Any, *, views: bool, casts: bool, location=None) -> None:
         super().__init__(None, location)
@@ -564,54 +269,16 @@ class Through(Pattern):
         src = v.args[0] if v.args else None
         if src.__class__ is not Node:
             return None
-        if self.casts and _is_noop_cast(v):
+        if self.casts and is_noop_cast(v):
             return src
         if self.views and keeps_rows(v):
             return src
         return None
 
-    def _m(self, v, st, k):
-        if self._shared:
-            hit = self._memo_hit(v, st, k)
-            if hit is not None:
-                return hit
-        then = k if self.name is None and not self._shared else lambda: self._bind(v, st, k)
-        inner = self.inner
-        chain: list[Node] = []
-        cur = v
-        while True:
-            if not chain:
-                if inner._m(cur, st, then):
-                    return True
-            else:
-                st.chains.append(tuple(reversed(chain)))  # innermost first
-                if inner._m(cur, st, then):
-                    return True
-                st.chains.pop()
-            nxt = self.step(cur)
-            if nxt is None or len(chain) >= _MAX_CHAIN:
-                return False
-            chain.append(cur)
-            cur = nxt
-
     def __repr__(self) -> str:
         what = "+".join(w for w, on in (("views", self.views), ("casts", self.casts)) if on)
         text = f"through[{what}]({self.inner!r})"
         return f"{text}.named({self.name!r})" if self.name else text
-
-
-def _is_noop_cast(node: Node) -> bool:
-    """A cast (any spelling) whose result has its input's dtype, shape and device."""
-    if node.op == "call_function":
-        t = node.target
-        if t not in CAST_OPS and aten_op(t) not in CAST_OPS:
-            return False
-    elif node.target not in CAST_OPS:
-        return False
-    out, src = value_of(node), value_of(node.args[0])
-    if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
-        return False
-    return out.dtype == src.dtype and out.shape == src.shape and out.device == src.device
 
 
 class Scalar(Pattern):
@@ -626,195 +293,11 @@ class Scalar(Pattern):
             types = (types,)
         self.types = tuple(types) if types else (int, float)
 
-    def _m(self, v, st, k):
-        number = _constant_number(v) if v.__class__ is Node else v
-        types = self.types
-        ok = isinstance(number, types) and not (
-            type(number) is bool and bool not in types and int in types
-        )
-        if not ok:
-            if st.explain:
-                want = "/".join(t.__name__ for t in types)
-                msg = f"expected a {want} (a literal or a one-element constant), got {_show(v)}"
-                return st.miss(lambda: msg, v)
-            return False
-        if self._shared:
-            hit = self._memo_hit(number, st, k)
-            if hit is not None:
-                return hit
-        return self._bind(number, st, k)
-
     def __repr__(self) -> str:
         return f"scalar({self.name or ''})"
 
 
-def _constant_number(node: Node) -> Any:
-    """The number a lifted one-element constant (placeholder or attribute) holds, else None.
-
-    Export keeps the value of constants it lifts on their fake tensors (``.constant``);
-    a value nobody writes in place is the same number every run."""
-    if node.op not in ("placeholder", "get_attr"):
-        return None
-    val = value_of(node)
-    const = getattr(val, "constant", None)
-    if not isinstance(const, torch.Tensor) or const.numel() != 1:
-        return None
-    for user in node.users:
-        target = aten_op(user.target)
-        if isinstance(target, _OpOverload) and any(
-            a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments
-        ):
-            return None  # written in place: not a constant
-    return const.item()
-
-
 # ----- op patterns ------------------------------------------------------------------------
-class _Resolved:
-    """An op pattern's arguments resolved against one target's schema.
-
-    ``getter(args, kwargs)`` (generated code) returns the node's value for every argument
-    the pattern mentions, in ``slots`` order; the first two are the first two positional
-    parameters when the pattern is commutative.
-    """
-
-    __slots__ = (
-        "child_slot",
-        "free",
-        "getter",
-        "kw_names",
-        "lits",
-        "ok",
-        "pos_limit",
-        "quick",
-        "slots",
-        "subs",
-        "swap",
-        "unmentioned",
-    )
-
-    def __init__(self) -> None:
-        self.slots: list[tuple] = []  # (index, name, default, pattern)
-        self.lits: list[tuple] = []  # (slot, literal)
-        self.subs: list[tuple] = []  # (slot, pattern), op patterns first
-        self.quick: list[tuple] = []  # (slot, first-op keys, packets) checked up front
-        self.unmentioned: list[tuple] = []  # (index, name, default) that must equal default
-        self.pos_limit = -1  # schema-less targets: the positional args the pattern gives
-        self.kw_names: frozenset[str] = frozenset()  # schema-less: the kwargs it gives
-        self.free = False  # schema-less: the node may have more arguments
-        self.swap: tuple[int, int] | None = None  # slots of positional 0 and 1
-        self.ok = True
-        self.getter: Callable[[tuple, dict], list] = lambda a, kw: []
-        self.child_slot: list[int] = []  # for each pattern argument, its slot
-
-    def finish(self) -> None:
-        slots = self.slots
-        where = {s[0]: i for i, s in enumerate(slots) if s[0] >= 0}
-        if 0 in where and 1 in where:
-            self.swap = (where[0], where[1])
-        subs = []
-        for i, (_, _, _, p) in enumerate(slots):
-            if isinstance(p, Lit):
-                self.lits.append((i, p.value))
-            elif not (isinstance(p, Var) and p.free):
-                subs.append((i, p))
-        subs.sort(key=lambda s: _rank(s[1]))  # op patterns fail fastest: try them first
-        self.subs = subs
-        for i, p in subs:
-            keys = first_keys(p)
-            if keys is not None:
-                self.quick.append((i, keys[0], keys[1]))
-        self.getter = _make_getter(slots)
-
-
-def _make_getter(slots: list[tuple]) -> Callable[[tuple, dict], list]:
-    """Generated code fetching each slot's value from a node's args and kwargs."""
-    env: dict[str, Any] = {}
-    parts = []
-    for j, (index, name, default, _) in enumerate(slots):
-        env[f"d{j}"] = default
-        if index >= 0 and name is not None:
-            parts.append(f"a[{index}] if n > {index} else kw.get({name!r}, d{j})")
-        elif index >= 0:
-            parts.append(f"a[{index}] if n > {index} else d{j}")
-        else:
-            parts.append(f"kw.get({name!r}, d{j})")
-    src = "def getter(a, kw):\n    n = len(a)\n    return [" + ", ".join(parts) + "]\n"
-    exec(compile(src, "<fxpass pattern arguments>", "exec"), env)
-    return env["getter"]
-
-
-def _rank(p: Pattern) -> int:
-    if isinstance(p, P):
-        return 0
-    if isinstance(p, (AnyOf, Seq)):
-        return 1
-    return 2
-
-
-def first_keys(p: Pattern) -> tuple[frozenset, bool] | None:
-    """Keys of the ops a pattern's top node can call (ids for functions), and whether any is
-    an op packet; None when it can match anything (a variable among its alternatives)."""
-    if isinstance(p, P):
-        keys = {id(f) for f in p.fns} | {id(f) for f in p.packets}
-        keys |= {("method", m) for m in p.methods} | {("module", m) for m in p.modules}
-        return frozenset(keys), bool(p.packets)
-    if isinstance(p, AnyOf):
-        keys, packets = set(), False
-        for o in p.options:
-            sub = first_keys(o)
-            if sub is None:
-                return None
-            keys |= sub[0]
-            packets |= sub[1]
-        return frozenset(keys), packets
-    return None
-
-
-def _quick(r: _Resolved, vals: list) -> bool:
-    """A cheap look one level down: each op-pattern argument is a node calling a right op."""
-    for i, keys, packets in r.quick:
-        x = vals[i]
-        if x.__class__ is not Node:
-            return False
-        op = x.op
-        if op == "call_function":
-            t = x.target
-            if id(t) not in keys and not (
-                packets and id(getattr(t, "overloadpacket", None)) in keys
-            ):
-                a = aten_op(t)  # an Edge spelling?
-                if a is t or not (
-                    id(a) in keys or (packets and id(getattr(a, "overloadpacket", None)) in keys)
-                ):
-                    return False
-        elif (op[5:], x.target) not in keys:
-            return False
-    return True
-
-
-def _run(subs: list[tuple], vals: list, st: MatchState, k: Callable[[], bool]) -> bool:
-    """Match ``subs`` against their slot values, then ``k`` (continuation-passing)."""
-    n = len(subs)
-    if n == 0:
-        return k()
-    i0, p0 = subs[0]
-    if n == 1:
-        return p0._m(vals[i0], st, k)
-    i1, p1 = subs[1]
-    if n == 2:
-        return p0._m(vals[i0], st, lambda: p1._m(vals[i1], st, k))
-    return p0._m(vals[i0], st, lambda: _run(subs[1:], vals, st, k))
-
-
-def _chain(pats: list, vals: list, i: int, st: MatchState, k: Callable[[], bool]) -> bool:
-    last = len(pats) - 1
-    if i > last:
-        return k()
-    if i == last:
-        return pats[i]._m(vals[i], st, k)
-    return pats[i]._m(vals[i], st, lambda: _chain(pats, vals, i + 1, st, k))
-
-
 class P(Pattern):
     """A node calling one of a set of ops, with argument patterns. See the module docstring."""
 
@@ -834,6 +317,7 @@ class P(Pattern):
         "one_spelling",
         "packets",
     )
+    RANK = 1
 
     def __init__(self, op: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(None, caller_location())
@@ -844,9 +328,9 @@ class P(Pattern):
                 o = aten_op(o)
             if isinstance(o, str):
                 methods.add(o)
-            elif isinstance(o, _OpOverloadPacket):
+            elif isinstance(o, OpOverloadPacket):
                 packets.add(o)
-            elif isinstance(o, _Module):
+            elif isinstance(o, Module):
                 modules.add(o.target)
             elif callable(o):
                 fns.add(o)
@@ -873,16 +357,16 @@ class P(Pattern):
         self.kwargs = {key: _as_pattern(a) for key, a in kwargs.items()}
         everything = list(fns) + list(packets) + list(methods)
         self.commutative = (
-            len(self.args) >= 2 and bool(everything) and all(o in _SYMMETRIC for o in everything)
+            len(self.args) >= 2 and bool(everything) and all(o in SYMMETRIC for o in everything)
         )
         self.constraint: Constraint | None = None
         self.label: str | None = None  # a short name for the op set in messages
         self.one_spelling = False  # True: only these targets, not their Edge spellings
-        self._cache: dict[int, _Resolved] = {}
+        self._cache: dict[int, Layout] = {}
         self._keep: list[Any] = []
         for f in fns:
-            if isinstance(f, _OpOverload):
-                self._resolve(f, eager=True)
+            if isinstance(f, OpOverload):
+                self.layout(f, eager=True)
 
     # ----- building ---------------------------------------------------------------------
     @staticmethod
@@ -931,7 +415,7 @@ class P(Pattern):
     @staticmethod
     def module(target: str, *args: Any, **kwargs: Any) -> P:
         """A ``call_module`` node calling the submodule ``target``."""
-        p = P(_Module(target), *args, **kwargs)
+        p = P(Module(target), *args, **kwargs)
         p.location = caller_location()
         return p
 
@@ -941,7 +425,7 @@ class P(Pattern):
         ``op`` itself (an op packet matches only nodes calling the packet, not its
         overloads) and the operands are in the given order (no commutative swap)."""
         p = P(op, *args, **kwargs)
-        if isinstance(op, _OpOverloadPacket) or is_edge_op(op):
+        if isinstance(op, OpOverloadPacket) or is_edge_op(op):
             p.fns, p.fn_ids, p.packets = frozenset([op]), frozenset([id(op)]), frozenset()
         p.commutative = False
         p.one_spelling = True
@@ -957,7 +441,7 @@ class P(Pattern):
         c.location = loc
         c.commutative = False
         c.label = "cast" if dtype is None else f"cast[{dtype}]"
-        c.constraint = Constraint(dtype=dtype, where=_is_pure_cast)
+        c.constraint = Constraint(dtype=dtype, where=is_pure_cast)
         if not optional:
             return c
         return AnyOf([c, x], location=loc)
@@ -1037,8 +521,13 @@ class P(Pattern):
             ]
         )
 
+    def first_keys(self):
+        keys = {id(f) for f in self.fns} | {id(f) for f in self.packets}
+        keys |= {("method", m) for m in self.methods} | {("module", m) for m in self.modules}
+        return frozenset(keys), bool(self.packets)
+
     def ops(self) -> list[Any]:
-        return [*self.fns, *self.packets, *self.methods, *(_Module(m) for m in self.modules)]
+        return [*self.fns, *self.packets, *self.methods, *(Module(m) for m in self.modules)]
 
     def describe_ops(self) -> str:
         if self.label:
@@ -1056,8 +545,9 @@ class P(Pattern):
         text = f"{head}({', '.join(parts)})"
         return f"{text}.named({self.name!r})" if self.name else text
 
-    # ----- matching ---------------------------------------------------------------------
-    def _op_ok(self, v: Node) -> bool:
+    # ----- what the matchers ask of an op pattern ---------------------------------------
+    def accepts(self, v: Node) -> bool:
+        """Does node ``v`` call one of this pattern's ops (in any spelling)?"""
         op = v.op
         if op == "call_function":
             t = v.target
@@ -1081,220 +571,14 @@ class P(Pattern):
             return v.target in self.modules
         return False
 
-    def _resolve(self, target: Any, eager: bool = False) -> _Resolved:
+    def layout(self, target: Any, eager: bool = False) -> Layout:
         """The argument layout for ``target`` (a call_function target, or an op name)."""
         key = id(target)
         r = self._cache.get(key)
-        if r is not None:
-            return r
-        r = _Resolved()
-        spelled = isinstance(target, _OpOverload) or aten_op(target) is not target
-        schema = getattr(target, "_schema", None) if spelled else None
-        if schema is not None:
-            self._resolve_schema(r, schema, target, eager)
-        else:
-            for i, p in enumerate(self.args):
-                r.slots.append((i, None, MISSING, p))
-            for name, p in self.kwargs.items():
-                r.slots.append((-1, name, MISSING, p))
-            r.pos_limit = len(self.args)
-            r.kw_names = frozenset(self.kwargs)
-            r.free = self.free_rest
-        if r.ok:
-            r.finish()
-            used: set[int] = set()
-            for child in self.children():
-                i = next(i for i, sl in enumerate(r.slots) if sl[3] is child and i not in used)
-                used.add(i)
-                r.child_slot.append(i)
-        self._cache[key] = r
-        self._keep.append(target)  # keeps the id valid while cached
-        return r
-
-    def _resolve_schema(self, r: _Resolved, schema: Any, target: Any, eager: bool) -> None:
-        params = schema.arguments
-        positional = [a for a in params if not a.kwarg_only]
-        if len(self.args) > len(positional):
-            if eager:
-                raise TypeError(
-                    f"pattern {target} gets {len(self.args)} positional arguments, but the op "
-                    f"takes at most {len(positional)} ({schema})"
-                )
-            r.ok = False
-            return
-        given = {}
-        for i, p in enumerate(self.args):
-            given[positional[i].name] = p
-        for key, p in self.kwargs.items():
-            if key in given or not any(a.name == key for a in params):
-                if eager:
-                    raise TypeError(f"pattern {target} has no argument '{key}' ({schema})")
-                r.ok = False
-                return
-            given[key] = p
-        for idx, a in enumerate(params):
-            index = -1 if a.kwarg_only else idx
-            default = a.default_value if a.has_default_value() else MISSING
-            if a.name in given:
-                r.slots.append((index, a.name, default, given[a.name]))
-            elif self.free_rest:
-                continue
-            elif default is MISSING:
-                if eager:
-                    raise TypeError(
-                        f"pattern {target} gives no value for its required argument "
-                        f"'{a.name}'; add it, or end the arguments with '...' to leave "
-                        f"the rest free ({schema})"
-                    )
-                r.ok = False
-                return
-            else:
-                r.unmentioned.append((index, a.name, default))
-
-    def _m(self, v, st, k):
-        if v.__class__ is not Node:
-            if st.explain:
-                return st.miss(
-                    lambda: f"expected a node calling {self.describe_ops()}, got {v!r}", None
-                )
-            return False
-        op = v.op
-        if op == "call_function":
-            t = v.target
-            r = self._cache.get(id(t))
-            if r is None or id(t) not in self.fn_ids:
-                r = self._resolve(t) if self._op_ok(v) else None
-        elif op == "call_method" or op == "call_module":
-            r = self._resolve(op) if self._op_ok(v) else None
-        else:
-            r = None
         if r is None:
-            if st.name_match and st.name_match in v.name:
-                r = self._resolve(v.target if op == "call_function" else op)
-            elif st.explain:
-                return st.miss(lambda: _wrong_op(self, v), v)
-            else:
-                return False
-        if self._shared:
-            hit = self._memo_hit(v, st, k)
-            if hit is not None:
-                return hit
-        if st.injective and v in st.used:
-            if st.explain:
-                return st.miss(lambda: f"{_show(v)} is already matched elsewhere", v)
-            return False
-        c = self.constraint
-        if c is not None:
-            why = c.failure(v, v)
-            if why is not None:
-                return st.miss(lambda: why, v) if st.explain else False
-        if not r.ok:
-            if st.explain:
-                return st.miss(lambda: f"{_show(v)}: the pattern's arguments do not fit", v)
-            return False
-        args, kwargs = v.args, v.kwargs
-        if (r.unmentioned or r.pos_limit >= 0) and not _strict_ok(r, args, kwargs, v, st):
-            return False
-        vals = r.getter(args, kwargs)
-        thorough = st.explain or st.name_match
-        straight = thorough or not r.quick or _quick(r, vals)
-        svals = None
-        if self.commutative and r.swap is not None:
-            i, j = r.swap
-            svals = list(vals)
-            svals[i], svals[j] = vals[j], vals[i]
-            if not (thorough or not r.quick or _quick(r, svals)):
-                svals = None
-        if not straight and svals is None:
-            return False
-        st.nodes.append(v)
-        if st.injective:
-            st.used[v] = self
-        then = k if self.name is None and not self._shared else lambda: self._bind(v, st, k)
-        if straight and _args(r, vals, st, then):
-            return True
-        if svals is not None and _args(r, svals, st, then):
-            return True
-        st.nodes.pop()
-        if st.injective:
-            del st.used[v]
-        return False
-
-
-def _strict_ok(r: _Resolved, args: tuple, kwargs: dict, v: Node, st: MatchState) -> bool:
-    """Arguments the pattern leaves out must be defaults (with a schema); without a schema
-    the node has exactly the arguments the pattern gives (at least them, after ``...``)."""
-    for index, name, default in r.unmentioned:
-        val = args[index] if 0 <= index < len(args) else kwargs.get(name, default)
-        if not (val is default or lit_ok(default, val, st)):
-            if st.explain:
-                msg = (
-                    f"{_show(v)}: argument '{name}' is {_show(val)}; the pattern "
-                    f"leaves it out, so it must be its default {default!r}"
-                )
-                return st.miss(lambda msg=msg: msg, v)
-            return False
-    if r.pos_limit >= 0:
-        n, names = len(args), r.kw_names
-        if r.free:
-            ok = n >= r.pos_limit and all(key in kwargs for key in names)
-        else:
-            ok = n == r.pos_limit and len(kwargs) == len(names) and all(k in names for k in kwargs)
-        if not ok:
-            if st.explain:
-                return st.miss(
-                    lambda: (
-                        f"{_show(v)} has other arguments than the pattern ({len(args)} "
-                        f"positional, keywords {sorted(kwargs)}; the pattern gives "
-                        f"{r.pos_limit} and {sorted(names)})"
-                    ),
-                    v,
-                )
-            return False
-    return True
-
-
-def _args(r: _Resolved, vals: list, st: MatchState, k: Callable[[], bool]) -> bool:
-    for i, lit in r.lits:
-        val = vals[i]
-        if lit is not val and not lit_ok(lit, val, st):
-            if st.explain:
-                index, name = r.slots[i][0], r.slots[i][1]
-                msg = (
-                    f"literal differs: argument '{name or f'#{index}'}' of "
-                    f"{_show(st.nodes[-1])} is {_show(val)}, expected {lit!r}"
-                )
-                return st.miss(lambda msg=msg: msg, st.nodes[-1])
-            return False
-    return _run(r.subs, vals, st, k)
-
-
-class _Module:
-    """Marks a ``call_module`` target in an op set (see :meth:`P.module`)."""
-
-    __slots__ = ("target",)
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-
-def _wrong_op(p: P, v: Node) -> str:
-    if v.op in ("call_function", "call_method", "call_module"):
-        have = op_name(v.target) if v.op != "call_module" else f"module {v.target}"
-    else:
-        have = f"a {v.op}"
-    return f"wrong op: expected {p.describe_ops()}, got {have} (%{v.name})"
-
-
-def _is_pure_cast(node: Node) -> bool:
-    """A cast changes only the dtype: same shape and device as its input (when known)."""
-    out = value_of(node)
-    src = value_of(node.args[0]) if node.args else MISSING
-    if out is MISSING or src is MISSING or not isinstance(out, torch.Tensor):
-        return True
-    if not isinstance(src, torch.Tensor):
-        return False
-    return out.shape == src.shape and out.device == src.device
+            r = self._cache[key] = layout(self, target, eager)
+            self._keep.append(target)  # keeps the id valid while cached
+        return r
 
 
 def mark_shared(roots: Iterable[Pattern]) -> None:

@@ -24,11 +24,11 @@ from ..core.context import ChangeEvent, current_context
 from ..core.errors import FxpassError
 from ..fxutil.dialect import edge_call, graph_is_edge, uses_dim_order
 from ._location import short
-from .match import Match, RuleStats
+from .constraint import value_of
+from .match import RuleStats
 from .metadata import MetaPropagator
 from .order import TopoOrder, _sort_key, users_before
-from .pattern import value_of
-from .rule import _droppable
+from .region import Match, _droppable
 
 __all__ = ["RewriteError", "Rewriter"]
 

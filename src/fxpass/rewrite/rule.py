@@ -1,4 +1,4 @@
-"""Rules (a pattern and what to put in its place) and rule sets, which are passes.
+"""Rules: a pattern, what to put in its place, and how the match may touch the graph.
 
 >>> import fxpass as fp
 >>> from fxpass.rewrite import P, Rule, rules
@@ -25,17 +25,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import fx
 from torch.fx import Node
 
-from ..core.contract import Pass, PassResult
-from ..fxutil.dialect import aten_op
 from ._location import caller_location, short
-from ._state import MISSING, MatchState
-from .order import find_cycle
-from .pattern import Pattern, _show, mark_shared
+from ._state import MISSING
+from .match import match_at
+from .pattern import P as _Op
+from .pattern import Pattern, mark_shared
+from .region import Match
 
-__all__ = ["DROPPABLE_USERS", "Rule", "RuleSet", "as_rule", "rules"]
+__all__ = ["DROPPABLE_USERS", "Rule", "as_rule"]
 
 #: Users of an inner node that do not stop a match; they are erased with it. Export hangs
 #: ``aten._assert_tensor_metadata`` off intermediate values, which would otherwise block
@@ -145,8 +144,9 @@ class Rule:
         self._where_params = (
             _parameters(where, f"rule '{self.name}': where", bound) if where else ((), False)
         )
-        self._links = [_link(roots[:j], roots[j], self.name) for j in range(1, len(roots))]
-        self._compiled: Any = _UNCOMPILED  # see fxpass.rewrite.compile
+        # how each later root hangs off the earlier ones: (shared pattern or name, depth)
+        self.links = [_link(roots[:j], roots[j], self.name) for j in range(1, len(roots))]
+        self._compiled: Any = MISSING  # see fxpass.rewrite.match.compiled
 
     # ----- introspection ----------------------------------------------------------------
     @property
@@ -159,127 +159,15 @@ class Rule:
     def __repr__(self) -> str:
         return f"Rule({self.name!r}, {self.pattern!r}, at {short(self.location)})"
 
-    # ----- matching ---------------------------------------------------------------------
-    def match(self, node: Node, *, order: Any = None) -> Any:
+    # ----- matching (see fxpass.rewrite.match) ------------------------------------------
+    def match(self, node: Node, *, order: Any = None) -> Match | None:
         """The :class:`~fxpass.rewrite.Match` of this rule rooted at ``node``, or None."""
-        from .match import Matcher
+        return match_at(self, node, order=order)
 
-        return Matcher([self]).match_rule(self, node, order=order)
-
-    def _try(self, node: Node, st: MatchState) -> bool:
-        st.reset()
-        st.roots = [node]
-        if st.plain:
-            compiled = self._compiled
-            if compiled is _UNCOMPILED:
-                from .compile import compile_rule
-
-                compiled = self._compiled = compile_rule(self)
-            if compiled is not None:
-                return compiled.fn(node, st, self._final)
-        return self.roots[0]._m(node, st, self._cont(1, st))
-
-    def _cont(self, j: int, st: MatchState) -> Callable[[], bool]:
-        if j == len(self.roots):
-            return lambda: self._final(st)
-        return lambda: self._next_root(j, st)
-
-    def _next_root(self, j: int, st: MatchState) -> bool:
-        link, depth = self._links[j - 1]
-        start = st.memo.get(id(link), MISSING) if not isinstance(link, str) else st.env.get(link)
-        if not isinstance(start, Node):
-            return False
-        level = [start]
-        for _ in range(depth):
-            nxt: dict[Node, None] = {}
-            for n in level:
-                for u in n.users:
-                    nxt[u] = None
-            level = list(nxt)
-        k = self._cont(j + 1, st)
-        root = self.roots[j]
-        roots = st.roots
-        for cand in level:
-            roots.append(cand)
-            if root._m(cand, st, k):
-                return True
-            roots.pop()
-        if st.explain and not level:
-            st.miss(lambda: f"no candidate for root {j + 1} of the pattern")
-        return False
-
-    def _final(self, st: MatchState) -> bool:
-        env = st.env
-        roots = st.roots
-        outs = list(roots)
-        for name in self.outputs:
-            outs.append(env[name])
-        matched = dict.fromkeys(st.nodes)
-        soft = _seen_through(st.chains, matched, outs) if st.chains else ()
-        for o in outs:
-            if o not in matched:
-                if st.explain:
-                    msg = f"output {_show(o)} is not a node of the match"
-                    return st.miss(lambda msg=msg: msg, o, whole=True)
-                return False
-        if self.where is not None:
-            names, takes_all = self._where_params
-            try:
-                ok = _call_with(self.where, names, takes_all, env, None)
-            except Exception as e:
-                if st.explain:
-                    msg = f"the rule's where raised {type(e).__name__}: {e}"
-                    return st.miss(lambda: msg, whole=True)
-                return False
-            if not ok:
-                if st.explain:
-                    return st.miss(lambda: "the rule's where(...) returned False", whole=True)
-                return False
-        dropped: list[Node] = []
-        if self.contained:
-            out_set = set(outs)
-            drop = self.drop_users
-            for n in matched:
-                if n in out_set:
-                    continue
-                for u in n.users:
-                    if u in matched:
-                        continue
-                    if drop and u.op == "call_function" and _droppable(u, drop):
-                        dropped.append(u)
-                        continue
-                    if st.explain:
-                        return st.miss(
-                            lambda n=n, u=u: (
-                                f"extra user: %{n.name} is also used by "
-                                f"%{u.name}, outside the match (only the rule's outputs may be)"
-                            ),
-                            n,
-                            whole=True,
-                        )
-                    return False
-        if len(outs) > 1 or not self.contained:
-            order = st.order() if callable(st.order) else st.order
-            if order is not None:
-                # every matched node feeds a root, so the last root is the region's end
-                hi = max(order[r] for r in roots) if len(roots) > 1 else order[roots[0]]
-                via = find_cycle(order, set(matched).union(soft), hi)
-                if via is not None:
-                    if st.explain:
-                        return st.miss(
-                            lambda: (
-                                f"would create a cycle: a path leaves the match and "
-                                f"comes back through %{via.name}"
-                            ),
-                            via,
-                            whole=True,
-                        )
-                    return False
-        st.memo[_OUTS] = outs
-        st.memo[_DROPPED] = dropped
-        st.memo[_NODES] = matched
-        st.memo[_SOFT] = soft
-        return True
+    def where_holds(self, env: dict[str, Any]) -> bool:
+        """Whether the rule's ``where`` accepts these bindings (it may raise)."""
+        names, takes_all = self._where_params
+        return bool(_call_with(self.where, names, takes_all, env, None))
 
     # ----- replacing --------------------------------------------------------------------
     def build(self, bindings: dict[str, Any], match: Any) -> Any:
@@ -288,34 +176,6 @@ class Rule:
         if hasattr(rep, "_fxpass_replace"):
             return rep._fxpass_replace(match, bindings)
         return _call_with(rep, self._params, self._takes_all, bindings, match)
-
-
-_UNCOMPILED = object()
-_OUTS = -1  # memo slots for the final step's results (ids of objects are never negative)
-_DROPPED = -2
-_NODES = -3  # the matched nodes, each once, in matching order
-_SOFT = -4  # nodes seen through that stay in the graph (see _seen_through)
-
-
-def _droppable(node: Node, drop: frozenset) -> bool:
-    """An unused check (export's assert) of an op in ``drop``, in any spelling."""
-    return not node.users and (node.target in drop or aten_op(node.target) in drop)
-
-
-def _seen_through(chains: list, matched: dict, outs: list) -> list[Node]:
-    """Sort the nodes P.through saw through: a chain starting at an inner node of the match
-    joins the match (``matched``, in place: it must be used only inside it, and goes with
-    it); the others stay in the graph, reading what replaces their input. Returns those."""
-    soft: list[Node] = []
-    out_set = set(outs)
-    for chain in chains:
-        start = chain[0].args[0]
-        if start in matched and start not in out_set:
-            for n in chain:
-                matched.setdefault(n, None)
-        else:
-            soft.extend(n for n in chain if n not in matched)
-    return soft
 
 
 def _default_name(replacement: Any, location: str) -> str:
@@ -330,8 +190,6 @@ def _link(earlier: Sequence[Pattern], root: Pattern, rule_name: str):
 
     Depth counts op patterns only: alternatives and lists do not stand for a graph node.
     """
-    from .pattern import P as _Op
-
     seen_ids = {id(p) for r in earlier for p in r.walk()}
     names = {n for r in earlier for n in r.names()}
     queue: deque[tuple[Pattern, int]] = deque([(root, 0)])
@@ -373,96 +231,3 @@ def as_rule(item: Any) -> Rule:
     raise TypeError(
         f"expected a Rule or a (pattern, replacement) tuple, got {type(item).__name__}: {item!r}"
     )
-
-
-class RuleSet(Pass):
-    """An ordered set of rules, run as one pass. Rule sets compose with ``+``.
-
-    ``once=False`` (default) rewrites to a fixpoint with a worklist, raising
-    :class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites (default: ten per
-    node); ``once=True`` walks the graph once and does not revisit what it created.
-    Earlier rules win where several match at the same node.
-    """
-
-    statistics = {
-        "rewrites": "rewrites made",
-        "<rule>.tried": "nodes each rule was tried at",
-        "<rule>.matched": "matches each rule found",
-        "<rule>.rewritten": "matches each rule replaced",
-        "<rule>.ms": "milliseconds spent matching each rule",
-    }
-
-    def __init__(
-        self,
-        name: str = "rules",
-        rules: Iterable[Any] = (),
-        *,
-        once: bool = False,
-        max_rewrites: int | None = None,
-    ) -> None:
-        self.name = name
-        self.rules: list[Rule] = [as_rule(r) for r in rules]
-        self.once = once
-        self.max_rewrites = max_rewrites
-        self._matcher: Any = None
-        seen: dict[str, Rule] = {}
-        for r in self.rules:
-            if r.name in seen and seen[r.name] is not r:
-                r.name = f"{r.name}@{short(r.location).rsplit('/', 1)[-1]}"
-            seen[r.name] = r
-
-    def __add__(self, other: Any) -> RuleSet:
-        if isinstance(other, Rule):
-            others = [other]
-            other_name = other.name
-        elif isinstance(other, RuleSet):
-            others = other.rules
-            other_name = other.name
-        else:
-            return NotImplemented
-        return RuleSet(
-            f"{self.name}+{other_name}",
-            [*self.rules, *others],
-            once=self.once,
-            max_rewrites=self.max_rewrites,
-        )
-
-    def __iter__(self):
-        return iter(self.rules)
-
-    def __len__(self) -> int:
-        return len(self.rules)
-
-    def __getitem__(self, name: str) -> Rule:
-        for r in self.rules:
-            if r.name == name:
-                return r
-        raise KeyError(f"no rule named {name!r} in {self.name}; rules: {[r.name for r in self]}")
-
-    def matcher(self) -> Any:
-        from .match import Matcher
-
-        if self._matcher is None or self._matcher.rules != self.rules:
-            self._matcher = Matcher(self.rules)
-        return self._matcher
-
-    def call(self, gm: fx.GraphModule) -> PassResult:
-        from .driver import rewrite
-
-        result = rewrite(gm, self, once=self.once, max_rewrites=self.max_rewrites)
-        return PassResult(gm, result.modified)
-
-    def explain(self, target: Any, rule: str | Rule | None = None) -> Any:
-        """Why rules (or one rule) did not match at a node or anywhere in a graph."""
-        from .explain import explain
-
-        chosen = self[rule] if isinstance(rule, str) else rule
-        return explain(chosen if chosen is not None else self, target)
-
-    def __repr__(self) -> str:
-        return f"RuleSet({self.name!r}, {len(self.rules)} rules)"
-
-
-def rules(name: str, items: Iterable[Any], **options: Any) -> RuleSet:
-    """A :class:`RuleSet` called ``name`` from rules and ``(pattern, replacement)`` tuples."""
-    return RuleSet(name, items, **options)

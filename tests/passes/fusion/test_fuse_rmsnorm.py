@@ -23,7 +23,7 @@ from _fusion_helpers import (
 import fxpass as fp
 from fxpass.passes.fusion.fuse_rmsnorm import RULES, fuse_rmsnorm
 from fxpass.rewrite import explain
-from fxpass.rewrite.pattern import value_of
+from fxpass.rewrite.constraint import value_of
 
 from _models import ASSERT, decoder, exported
 

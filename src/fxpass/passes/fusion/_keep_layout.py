@@ -20,7 +20,7 @@ from torch.fx import Node, Proxy
 from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from ...fxutil.layout import memory_order, same_layout
-from ...rewrite.pattern import value_of
+from ...rewrite.constraint import value_of
 
 aten = torch.ops.aten
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from ... import ops as _ops  # noqa: F401  (registers torch.ops.fxpass)
-from ...rewrite.pattern import P, Pattern, value_of
+from ...rewrite.constraint import value_of
+from ...rewrite.pattern import P, Pattern
 
 aten = torch.ops.aten
 fxpass_ops = torch.ops.fxpass

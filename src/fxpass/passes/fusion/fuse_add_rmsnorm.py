@@ -8,8 +8,8 @@ import torch
 from torch import fx
 
 from ...core.registry import _builtin
-from ...rewrite.driver import rewrite
-from ...rewrite.rule import Rule, RuleSet
+from ...rewrite.driver import RuleSet, rewrite
+from ...rewrite.rule import Rule
 from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import add_ok, norm_ok, residual_add, rms_norm, scalars
 

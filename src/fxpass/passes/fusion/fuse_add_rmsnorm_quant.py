@@ -9,9 +9,10 @@ from torch import fx
 
 from ...core.registry import _builtin
 from ...fxutil.layout import same_layout
-from ...rewrite.driver import rewrite
-from ...rewrite.pattern import P, value_of
-from ...rewrite.rule import Rule, RuleSet
+from ...rewrite.constraint import value_of
+from ...rewrite.driver import RuleSet, rewrite
+from ...rewrite.pattern import P
+from ...rewrite.rule import Rule
 from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import (
     GETITEM,

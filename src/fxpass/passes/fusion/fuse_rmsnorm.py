@@ -8,9 +8,9 @@ import torch
 from torch import fx
 
 from ...core.registry import _builtin
-from ...rewrite.driver import rewrite
+from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.pattern import P
-from ...rewrite.rule import Rule, RuleSet
+from ...rewrite.rule import Rule
 from ._keep_layout import fake_result, keep_layout
 from ._norm_patterns import norm_ok, rms_norm, scalars
 
