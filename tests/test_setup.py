@@ -17,6 +17,7 @@ def test_readme_opens_with_the_demo_and_the_test_commands():
     assert "pip install torch==2.13.0" in demo and demo.endswith("fxpass demo")
     assert "pip install torch==2.13.0" in test and "pytest" in test
     assert "ruff check" in test and "ruff format --check" in test
+    assert "lint-imports" in test  # the layers of docs/architecture.md, enforced
 
 
 def test_ci_runs_the_readme_test_command():
