@@ -26,8 +26,8 @@ from torch.fx import Node
 
 from ..core.context import current_context
 from ..core.errors import NonConvergenceError
+from ..edit.location import short
 from ..fxutil.dialect import spellings
-from ._location import short
 from ._state import MatchState
 from .explain import near_misses
 from .match import Matcher, RuleStats

@@ -18,9 +18,9 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
+from ..edit.location import short
 from ..fxutil.dialect import aten_op
 from ..fxutil.views import view_base_name
-from ._location import short
 from ._state import MatchState
 from .match import _lazy_order
 from .pattern import CAST_OPS, AnyOf, P, Pattern, node_key, op_name

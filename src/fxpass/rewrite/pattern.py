@@ -48,9 +48,9 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from ..edit.location import caller_location
 from ..fxutil.dialect import aten_op, is_edge_op
 from ..fxutil.views import keeps_rows
-from ._location import caller_location
 from ._state import MISSING, MatchState
 
 __all__ = ["CAST_OPS", "P", "Pattern", "Scalar", "Through"]

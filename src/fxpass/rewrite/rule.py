@@ -29,8 +29,8 @@ from torch import fx
 from torch.fx import Node
 
 from ..core.contract import Pass, PassResult
+from ..edit.location import caller_location, short
 from ..fxutil.dialect import aten_op
-from ._location import caller_location, short
 from ._state import MISSING, MatchState
 from .order import find_cycle
 from .pattern import Pattern, _show, mark_shared

@@ -41,7 +41,7 @@ from torch import fx
 from ..core.contract import FunctionPass, ObjectPass, Pass
 from ..core.pipeline import Pipeline
 from ..core.report import Report
-from ._util import get_path, has_path
+from ..fxutil.paths import get_path, has_path
 from .apply import resolve_pipeline
 
 __all__ = ["HOOKS", "InductorPass", "inductor_pass", "pipeline_uuid"]

@@ -45,9 +45,9 @@ from ...core.context import current_context
 from ...core.contract import PassResult
 from ...core.errors import PassFailedError
 from ...core.pipeline import Pipeline
+from ...edit.provenance import node_sources
 from ...interpret import FAKE_RESULTS, InterpreterPass
 from ...interpret import ProxyValue as _InterpreterValue
-from ...rewrite.metadata import node_sources
 
 __all__ = [
     "ExportPass",
