@@ -3,9 +3,9 @@
 Every change goes through :class:`Rewriter`, which asks the run's editor before each
 rewrite (:meth:`fxpass.edit.editor.Editor.allow`: a debug counter may say no, which is how
 bisection stops after the k-th rewrite), builds the replacement, fills in metadata, rewires
-and erases, and tells the instrumentation (:meth:`~fxpass.edit.editor.Editor.notify`). A match is validated completely before anything changes,
-and a replacement that raises or declines leaves the graph as it was: no rewrite is ever
-half-applied.
+and erases, and tells the instrumentation (:meth:`~fxpass.edit.editor.Editor.notify`). A
+match is validated completely before anything changes, and a replacement that raises or
+declines leaves the graph as it was: no rewrite is ever half-applied.
 """
 
 from __future__ import annotations
