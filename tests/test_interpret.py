@@ -123,8 +123,8 @@ def test_provenance_is_torchs_record_and_its_location_is_looked_up_once_per_run(
         n.name: NodeSource(n, "replace_add_with_mul_sub", NodeSourceAction.REPLACE) for n in adds
     }
     lookups = []
-    real = interpret._location
-    monkeypatch.setattr(interpret, "_location", lambda obj: lookups.append(obj) or real(obj))
+    real = interpret.source_location
+    monkeypatch.setattr(interpret, "source_location", lambda obj: lookups.append(obj) or real(obj))
     p = ReplaceAddWithMulSub()
     for run in (1, 2):
         new = p(gm).graph_module

@@ -32,8 +32,6 @@ ExportedProgram through :func:`fxpass.apply`).
 
 from __future__ import annotations
 
-import copy
-import inspect
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,11 +40,14 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from .core.context import ChangeEvent, current_context
+from .core.context import current_context
 from .core.contract import Pass, PassResult
+from .edit.editor import Editor
+from .edit.location import source_location
+from .edit.provenance import COPIED_META
+from .fxutil.fx import copy_code_fields, empty_graph_like, is_erased, last_node, nodes_after
+from .fxutil.paths import get_path
 from .fxutil.values import FakeResults, returns_alias, same_value
-from .rewrite.metadata import COPIED_META, node_sources, provenance_record
-from .targets._util import get_path
 
 __all__ = ["ExportPass", "InterpreterPass", "ProxyValue", "map_args"]
 
@@ -119,13 +120,6 @@ def _value_kept(new: Any, old: fx.Node) -> bool:
     return True
 
 
-def _location(obj: Any) -> str:
-    try:
-        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
-    except (TypeError, OSError):
-        return ""
-
-
 class InterpreterPass(Pass):
     """Base class of interpreter passes; override :meth:`call_operator` (and the other hooks).
 
@@ -191,8 +185,7 @@ class InterpreterPass(Pass):
 
     def _setup(self, gm: fx.GraphModule) -> None:
         self._gm = gm
-        self._graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
-        self._graph._codegen = copy.deepcopy(gm.graph._codegen)
+        self._graph = empty_graph_like(gm.graph)
         self._env: dict[fx.Node, Any] = {}
         self._constants: dict[str, torch.Tensor] = {}
         self._changed = False
@@ -204,7 +197,7 @@ class InterpreterPass(Pass):
         self._last_constant: fx.Node | None = None
         self._mode = self._find_fake_mode(gm)
         ctx = current_context()
-        self._ctx = ctx
+        self._editor = Editor(ctx, self.name)
         inputs = ctx.sample_inputs if ctx is not None else None
         self._sample = list(inputs) if inputs is not None else None
 
@@ -214,7 +207,7 @@ class InterpreterPass(Pass):
             "_graph",
             "_env",
             "_constants",
-            "_ctx",
+            "_editor",
             "_sample",
             "_current",
             "_last_constant",
@@ -264,10 +257,10 @@ class InterpreterPass(Pass):
     def _rewrite(self, node: fx.Node) -> None:
         args = fx.node.map_arg(node.args, self._env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, self._env.__getitem__)
-        mark = self._graph._root._prev  # the last node before this step
+        mark = last_node(self._graph)
         self._val_taken = False
         result = self._dispatch(node, args, kwargs, self._hook_meta(node))
-        created = self._created_since(mark)
+        created = nodes_after(self._graph, mark)
         copied = (
             isinstance(result, ProxyValue)
             and result._copy
@@ -276,8 +269,8 @@ class InterpreterPass(Pass):
             and all(n.op == "get_attr" for n in created[:-1])  # attributes read again
         )
         if not copied:
-            ctx = self._ctx
-            if ctx is not None and not ctx.allow():  # a debug counter said no: copy instead
+            editor = self._editor
+            if not editor.allow():  # a debug counter said no: copy instead
                 for n in reversed(created):
                     self._graph.erase_node(n)
                 self._val_taken = False
@@ -286,8 +279,7 @@ class InterpreterPass(Pass):
                 self._changed = True
                 self._rewrites += 1
                 self._mark_provenance(node, created)
-                if ctx is not None:
-                    ctx.notify(ChangeEvent("replace", self.name, [node], created))
+                editor.notify("replace", self.name, [node], created, "")
         elif not result._exact:
             self._changed = True  # an input changed upstream; this node was re-run on it
         self._env[node] = result
@@ -308,22 +300,11 @@ class InterpreterPass(Pass):
         kwargs = fx.node.map_arg(node.kwargs, self._env.__getitem__)
         return self._emit_node(node.op, node.target, args, kwargs, dict(node.meta))
 
-    def _created_since(self, mark: fx.Node) -> list[fx.Node]:
-        out, n = [], mark._next
-        while n is not self._graph._root:
-            out.append(n)
-            n = n._next
-        return out
-
     def _mark_provenance(self, old: fx.Node, created: list[fx.Node]) -> None:
         where = self._where
         if where is None:  # once per run, at its first rewrite
-            where = self._where = _location(type(self).call_operator)
-        sources = node_sources([old], self.name)
-        rule, replaced = type(self).__name__, [old.name]
-        for n in created:
-            n.meta["from_node"] = list(sources)
-            n.meta["fxpass_provenance"] = provenance_record(rule, self.name, replaced, where)
+            where = self._where = source_location(type(self).call_operator)
+        self._editor.mark_new(created, [old], type(self).__name__, where, inherit=False)
 
     # ----- building nodes ------------------------------------------------------------------
     def _emit(self, op: Any, args, kwargs, meta) -> ProxyValue:
@@ -416,7 +397,7 @@ class InterpreterPass(Pass):
             name += "_"
         self._constants[name] = value
         last = self._last_constant
-        if last is not None and not last._erased:  # constants in the order they were made
+        if last is not None and not is_erased(last):  # constants in the order they were made
             where = self._graph.inserting_after(last)
         else:
             first = next((n for n in self._graph.nodes if n.op != "placeholder"), None)
@@ -468,7 +449,7 @@ class InterpreterPass(Pass):
             if n.op in ("get_attr", "call_module") and n.target not in root:
                 root[n.target] = get_path(gm, str(n.target))
         graph = self._graph
-        graph._co_fields = dict(getattr(gm.graph, "_co_fields", {}))
+        copy_code_fields(gm.graph, graph)
         new = fx.GraphModule(root, graph, class_name=type(gm).__name__)
         new.meta = dict(gm.meta)
         return new

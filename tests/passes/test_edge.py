@@ -24,7 +24,7 @@ from torch import nn
 import fxpass as fp
 from fxpass.core.registry import REGISTRY
 from fxpass.fxutil.dialect import edge_op, is_edge_op
-from fxpass.passes.cleanup._edit import fake_value
+from fxpass.fxutil.values import fake_value
 
 from _models import lifted_inputs
 

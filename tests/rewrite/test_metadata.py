@@ -6,8 +6,8 @@ import operator
 
 import torch
 
+from fxpass.edit.provenance import COPIED_META
 from fxpass.rewrite import P, Rule, rewrite
-from fxpass.rewrite.metadata import COPIED_META
 
 from _models import exported
 

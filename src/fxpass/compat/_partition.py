@@ -31,14 +31,8 @@ from ..partition.source import (
     check_subgraphs_connected,
     group_by_source,
 )
-from ..partition.support import (
-    OperatorSupport,
-    OperatorSupportBase,
-    _arg_dtype,
-    any_chain,
-    chain,
-    node_support,
-)
+from ..partition.support import OperatorSupportBase, any_chain, chain, node_support
+from ..partition.support_dict import OperatorSupport, arg_dtype
 
 __all__ = [
     "CapabilityBasedPartitioner",
@@ -70,7 +64,7 @@ class OpSupports:
     def decline_if_input_dtype(cls, dtype: torch.dtype) -> OperatorSupportBase:
         """Not supported if any input has ``dtype``."""
         return create_op_support(
-            lambda submodules, node: all(_arg_dtype(a) != dtype for a in node.all_input_nodes)
+            lambda submodules, node: all(arg_dtype(a) != dtype for a in node.all_input_nodes)
         )
 
     @classmethod

@@ -17,95 +17,10 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.graph import _FindNodesLookupTable
+
+from ..fxutil.fx import GraphState, bind_owner, graph_structure, own_graph
 
 __all__ = ["GraphSnapshot", "fingerprint"]
-
-_set = object.__setattr__  # bypass Node.__setattr__'s hook and lookup-table bookkeeping
-
-
-class _GraphState:
-    __slots__ = ("co_fields", "codegen", "graph", "insert", "length", "namespace", "nodes")
-
-    def __init__(self, graph: fx.Graph) -> None:
-        self.graph = graph
-        self.nodes = [
-            (
-                n,
-                n.name,
-                n.op,
-                n.target,
-                n.type,
-                n._args,
-                n._kwargs,
-                dict(n._input_nodes),
-                dict(n.users),
-                n.meta,
-                dict(n.meta),
-                n._sort_key,
-                n._repr_fn,
-            )
-            for n in graph.nodes
-        ]
-        ns = graph._graph_namespace
-        self.namespace = (dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count))
-        self.length = graph._len
-        self.insert = graph._insert
-        self.codegen = graph._codegen
-        self.co_fields = dict(getattr(graph, "_co_fields", {}))
-
-    def restore(self) -> None:
-        graph = self.graph
-        root = graph._root
-        table = _FindNodesLookupTable()
-        prev = root
-        for (
-            n,
-            name,
-            op,
-            target,
-            typ,
-            args,
-            kwargs,
-            inputs,
-            users,
-            meta,
-            saved_meta,
-            key,
-            repr_fn,
-        ) in self.nodes:
-            _set(n, "_prev", prev)
-            _set(prev, "_next", n)
-            _set(n, "name", name)
-            _set(n, "op", op)
-            _set(n, "target", target)
-            _set(n, "type", typ)
-            _set(n, "_args", args)
-            _set(n, "_kwargs", kwargs)
-            _set(n, "_input_nodes", inputs)
-            _set(n, "users", users)
-            _set(n, "_sort_key", key)
-            _set(n, "_repr_fn", repr_fn)
-            _set(n, "_erased", False)
-            _set(n, "graph", graph)
-            _set(n, "meta", meta)
-            meta.clear()
-            meta.update(saved_meta)
-            table.insert(n)
-            prev = n
-        _set(prev, "_next", root)
-        _set(root, "_prev", prev)
-        ns = graph._graph_namespace
-        ns._obj_to_name, ns._used_names, ns._base_count = (
-            dict(self.namespace[0]),
-            set(self.namespace[1]),
-            dict(self.namespace[2]),
-        )
-        graph._len = self.length
-        graph._insert = self.insert
-        graph._codegen = self.codegen
-        graph._co_fields = dict(self.co_fields)
-        graph._find_nodes_lookup_table = table
 
 
 class _ModuleState:
@@ -153,9 +68,9 @@ class GraphSnapshot:
         modules = list(gm.modules())
         self._modules = [_ModuleState(m) for m in modules]
         self._graphs = [
-            _GraphState(m.__dict__["_graph"])
+            GraphState(graph)
             for m in modules
-            if isinstance(m, fx.GraphModule) and "_graph" in m.__dict__
+            if isinstance(m, fx.GraphModule) and (graph := own_graph(m)) is not None
         ]
         self._classes = [
             (cls, {a: cls.__dict__[a] for a in _CODE_CLASS_ATTRS if a in cls.__dict__})
@@ -177,11 +92,11 @@ class GraphSnapshot:
         for state in self._graphs:
             state.restore()
             owner = state.graph.owning_module
-            if owner is not None and owner.__dict__.get("_graph") is not state.graph:
+            if owner is not None and own_graph(owner) is not state.graph:
                 state.graph.owning_module = None
         for m in self.gm.modules():
             if isinstance(m, fx.GraphModule):
-                m.__dict__["_graph"]._owning_module = m
+                bind_owner(m)
         for cls, attrs in self._classes:
             for name, value in attrs.items():
                 setattr(cls, name, value)
@@ -209,7 +124,7 @@ def fingerprint(gm: torch.nn.Module) -> Any:
     graph = gm.graph
     return (
         id(graph),
-        [(n, n.name, n.op, n.target, n._args, n._kwargs) for n in graph.nodes],
+        graph_structure(graph),
         tuple(gm._modules),
         tuple(gm._parameters),
         tuple(gm._buffers),

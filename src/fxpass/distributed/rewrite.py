@@ -38,8 +38,9 @@ from torch import fx
 
 from ..core.context import stat
 from ..core.registry import _builtin
-from ..rewrite.metadata import COPIED_META, MetaPropagator
-from ..targets._util import find_path
+from ..edit.provenance import COPIED_META
+from ..fxutil.paths import find_path
+from ..rewrite.metadata import MetaPropagator
 from ..targets.export import program_context
 from . import collectives
 from .analysis import check_world_size, collectives_of

@@ -1,2 +1,10 @@
 """The ground floor: small helpers over torch.fx and torch's op objects that every other
-package may use, and that use nothing of fxpass above them."""
+package may use, and that use nothing of fxpass above them.
+
+:mod:`~fxpass.fxutil.fx` (every private torch.fx internal fxpass touches, one function
+each: a torch upgrade that renames one changes that file only), :mod:`~fxpass.fxutil.ops`
+(op names to ops and back), :mod:`~fxpass.fxutil.paths` (dotted attribute paths),
+:mod:`~fxpass.fxutil.values` (fake values of nodes and calls), :mod:`~fxpass.fxutil.dialect`
+(ATen and ExecuTorch Edge spellings), :mod:`~fxpass.fxutil.layout` and
+:mod:`~fxpass.fxutil.views` (strides and view ops).
+"""

@@ -23,8 +23,11 @@ import functools
 from typing import Any
 
 import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-__all__ = ["FakeResults", "returns_alias", "same_value"]
+__all__ = ["FakeResults", "fake_value", "node_val", "returns_alias", "same_value"]
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)
@@ -236,3 +239,59 @@ class FakeResults:
             self._specs.clear()
         self._specs[key] = (op, spec)  # the op keeps its id valid
         return result
+
+
+def node_val(node: Any) -> Any:
+    """The example value of a node: ``meta["val"]`` (export, AOT) or ``["example_value"]``."""
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("val")
+    return node.meta.get("example_value") if val is None else val
+
+
+def fake_value(
+    target: Any,
+    args: Any,
+    kwargs: Any,
+    *,
+    method: bool = False,
+    like: Any = None,
+    mode: Any = None,
+    strict: bool = False,
+) -> Any:
+    """What ``target(*args, **kwargs)`` would return, computed on the nodes' example values
+    in their fake mode (or ``like``'s, for calls without tensor arguments; or in ``mode``
+    when one is given); None when an argument has no example value or the call fails —
+    with ``strict``, those failures raise instead."""
+    missing = []
+
+    def val(n: fx.Node) -> Any:
+        v = node_val(n)
+        if v is None:
+            missing.append(n)
+        return v
+
+    fargs, fkwargs = fx.node.map_arg((args, kwargs), val)
+    if missing:
+        if strict:
+            names = ", ".join(f"'{n.name}'" for n in missing)
+            raise ValueError(f"no example value (meta['val']) for the input(s) {names}")
+        return None
+    if mode is None:
+        try:
+            mode = detect_fake_mode((fargs, fkwargs, like))
+        except AssertionError:  # example values from different fake modes
+            if strict:
+                raise
+            return None
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            if method:
+                return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
+            return target(*fargs, **fkwargs)
+    except Exception:  # an op the fake mode cannot run: the caller leaves the node alone
+        if strict:
+            raise
+        return None

@@ -25,6 +25,7 @@ import torch
 from torch import fx
 
 from ..core.instrument import Instrumentation
+from ..fxutil.fx import input_nodes, node_args, node_kwargs
 
 __all__ = ["GraphRecorder", "Hunk", "PassChange", "SubGraph", "diff_graphs", "summarize"]
 
@@ -42,9 +43,9 @@ def summarize(gm: fx.GraphModule) -> Summary:
         out[n.name] = (
             n.op,
             n.target,
-            n._args,
-            n._kwargs,
-            tuple(x.name for x in n._input_nodes),
+            node_args(n),
+            node_kwargs(n),
+            tuple(x.name for x in input_nodes(n)),
             meta.get("val"),
             meta.get("fxpass_provenance"),
             meta.get("from_node"),

@@ -1,6 +1,8 @@
 """Partitioning: cut a graph into what a backend supports, and fuse the pieces.
 
-* :mod:`~fxpass.partition.support` — operator support objects and their spec language;
+* :mod:`~fxpass.partition.support` — operator support objects and what their specs mean;
+* :mod:`~fxpass.partition.spec` — the grammar of the support spec language;
+* :mod:`~fxpass.partition.support_dict` — torch's operator-support dict;
 * :mod:`~fxpass.partition.capability` — the largest cycle-free partitions of supported nodes
   (torch's ``CapabilityBasedPartitioner`` results, in linear time);
 * :mod:`~fxpass.partition.pattern` — pattern matches and supported ops merged into partitions;
@@ -21,7 +23,6 @@ from .fuse import (
 from .source import SourcePartition, check_subgraphs_connected, source_partitions
 from .support import (
     NAMED_SUPPORTS,
-    OperatorSupport,
     OperatorSupportBase,
     SupportSpecError,
     any_chain,
@@ -33,6 +34,7 @@ from .support import (
     parse_support,
     shape_support,
 )
+from .support_dict import OperatorSupport
 
 __all__ = [
     "DEFAULT_NON_COMPUTE_OPS",

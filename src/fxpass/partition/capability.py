@@ -39,8 +39,9 @@ import torch
 from torch import fx
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.fx import qualified_name
 from .base import Partition, module_and_graph
-from .support import _CALLABLE_OPS, OperatorSupportBase, parse_support, resolve_op
+from .support import CALLABLE_OPS, OperatorSupportBase, parse_support, resolve_op
 
 __all__ = ["DEFAULT_NON_COMPUTE_OPS", "capability_partitions", "op_matcher"]
 
@@ -51,10 +52,6 @@ NodePredicate = Callable[[fx.Node], bool]
 
 
 # ----- matching ops by name ----------------------------------------------------------------------
-def _qualified(target: Any) -> str:
-    return fx.node._get_qualified_name(target)
-
-
 def _packet_name(target: Any) -> str | None:
     packet = getattr(target, "overloadpacket", None)
     if isinstance(packet, torch._ops.OpOverloadPacket):
@@ -72,7 +69,7 @@ def _canonical(op: Any) -> str:
     op = aten_op(op)
     if isinstance(op, torch._ops.OpOverloadPacket):
         return "torch.ops." + op._qualified_op_name.replace("::", ".")
-    return _qualified(op)
+    return qualified_name(op)
 
 
 def op_matcher(ops: Iterable[Any] | None) -> NodePredicate:
@@ -110,8 +107,8 @@ def _name_matcher(names: frozenset[str], *, packets: bool) -> NodePredicate:
         if hit is None:
             op = aten_op(target)  # an Edge op matches as the ATen op it wraps
             hit = (
-                _qualified(target) in names
-                or (op is not target and _qualified(op) in names)
+                qualified_name(target) in names
+                or (op is not target and qualified_name(op) in names)
                 or (packets and _packet_name(op) in names)
             )
             cache[target] = hit
@@ -386,7 +383,7 @@ def capability_partitions(
     nodes = list(graph.nodes)
 
     def supported(node: fx.Node) -> bool:
-        return node.op in _CALLABLE_OPS and bool(support.is_node_supported(modules, node))
+        return node.op in CALLABLE_OPS and bool(support.is_node_supported(modules, node))
 
     non_compute = op_matcher([*DEFAULT_NON_COMPUTE_OPS, *(non_compute_ops or ())])
     trim = _trimmable(non_compute) if trim_non_compute else None

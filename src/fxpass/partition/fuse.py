@@ -43,8 +43,7 @@ import torch
 from torch import fx
 
 from ..core.errors import FxpassError
-from ..rewrite.order import _sort_key
-from ..targets._util import release_name
+from ..fxutil.fx import graph_end, is_erased, release_name, rename_node, sort_key
 from .base import Partition, find_cycle
 
 __all__ = [
@@ -114,7 +113,7 @@ def fuse_partitions(
     for index, nodes in enumerate(groups):
         if not nodes:
             continue
-        nodes = sorted(nodes, key=_sort_key)  # graph order (torch keeps the keys up to date)
+        nodes = sorted(nodes, key=sort_key)  # graph order (torch keeps the keys up to date)
         fused = _Fusion(gm, nodes, names[index], input_order)
         fused.build(mode == "delegate" or always_return_tuple)
         out_of_order |= fused.insert(mode, delegate, index)
@@ -129,7 +128,7 @@ def fuse_partitions(
 def _check(gm: fx.GraphModule, groups: list[list[fx.Node]]) -> None:
     for i, nodes in enumerate(groups):
         for node in nodes:
-            if node.graph is not gm.graph or node._erased:
+            if node.graph is not gm.graph or is_erased(node):
                 raise ValueError(
                     f"partition {i}: node {node.name} is not in this graph module's graph"
                 )
@@ -173,7 +172,7 @@ class _Fusion:
         sub = fx.Graph()
         self.inputs = self.members.inputs
         if self.input_order == "graph":
-            self.inputs.sort(key=_sort_key)
+            self.inputs.sort(key=sort_key)
         env: dict[fx.Node, fx.Node] = {}
         for x in self.inputs:
             ph = sub.placeholder(x.name, type_expr=x.type)
@@ -239,7 +238,7 @@ class _Fusion:
         out_of_order = False
         for orig, new in replacements:
             for user in orig.users:
-                if user not in self.members and _sort_key(user) < _sort_key(new):
+                if user not in self.members and sort_key(user) < sort_key(new):
                     out_of_order = True
             meta = dict(new.meta)
             new.meta = {**orig.meta, **meta} if new is call else dict(orig.meta)
@@ -278,7 +277,7 @@ def _stable_toposort(graph: fx.Graph) -> None:
                 heapq.heappush(ready, (index[user], user))
     if len(order) != len(nodes):
         raise PartitionCycleError("the fused graph has a cycle")  # checked before; defensive
-    cursor = graph._root
+    cursor = graph_end(graph)
     for node in order:
         if cursor.next is not node:
             cursor.append(node)
@@ -347,5 +346,5 @@ def _inline(gm: fx.GraphModule, call: fx.Node, name: str) -> None:
     for node, original in copies:
         if node.name != original and original not in live:
             release_name(graph, original)
-            node._rename(original)
+            rename_node(node, original)
             live.add(original)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import abc
 import difflib
-import importlib
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -39,13 +38,20 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ..core.errors import SpecError
 from ..fxutil.dialect import aten_op
-from ..targets._util import find_path
+from ..fxutil.ops import (
+    CONVERSION_OPS,
+    NORM_OPS,
+    VIEW_OPS,
+    existing_ops,
+    fxpass_norm_ops,
+    op_name,
+    resolve_op,
+)
+from .spec import SpecTree, SupportSpecError, read_spec
 
 __all__ = [
     "NAMED_SUPPORTS",
-    "OperatorSupport",
     "OperatorSupportBase",
     "SupportSpecError",
     "any_chain",
@@ -59,7 +65,8 @@ __all__ = [
     "shape_support",
 ]
 
-_CALLABLE_OPS = ("call_function", "call_module", "call_method")
+#: The node kinds a support decides on; other nodes (placeholders, get_attr, output) are data.
+CALLABLE_OPS = ("call_function", "call_module", "call_method")
 
 
 class OperatorSupportBase(abc.ABC):
@@ -128,89 +135,7 @@ class _Foreign(OperatorSupportBase):
         return f"<{type(self.obj).__name__}>"
 
 
-# ----- ops -------------------------------------------------------------------------------------
-_OP_PREFIXES = (
-    "torch.ops.",
-    "executorch.exir.dialects.edge._ops.",  # an Edge op's qualified name
-    "exir_ops.edge.",
-    "edge.",
-)
-
-
-def resolve_op(name: str) -> Any:
-    """Turn an op name into the op: ``aten.add.Tensor`` (an overload), ``aten.add`` (every
-    overload), ``fxpass.rms_norm``, ``operator.getitem`` / ``getitem``, or an importable
-    dotted path such as ``torch.nn.functional.linear`` or ``torch.nn.Linear``. An Edge op's
-    name (``exir_ops.edge.aten.add.Tensor``, ``edge.aten.add``) gives the ATen op."""
-    text = name.strip()
-    for prefix in _OP_PREFIXES:  # Edge ops are written as the ATen ops they wrap
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
-            break
-    if text in ("getitem", "_operator.getitem"):
-        return operator.getitem
-    parts = text.split(".")
-    if len(parts) in (2, 3) and parts[0] not in ("torch", "operator", "math", "builtins"):
-        if parts[0] == "fxpass":
-            importlib.import_module("fxpass.ops")  # registers the fused ops
-        op = _torch_op(parts)
-        if op is not None:
-            return op
-    obj = _import_path(text)
-    if obj is None:
-        raise ValueError(_unknown_op(name))
-    return obj
-
-
-def _torch_op(parts: list[str]) -> Any:
-    namespace = getattr(torch.ops, parts[0], None)
-    if namespace is None:
-        return None
-    try:
-        packet = getattr(namespace, parts[1])
-        return getattr(packet, parts[2]) if len(parts) == 3 else packet
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def _import_path(text: str) -> Any:
-    module, _, attr = text.rpartition(".")
-    while module:
-        try:
-            obj = importlib.import_module(module)
-        except ImportError:
-            module, _, head = module.rpartition(".")
-            attr = f"{head}.{attr}"
-            continue
-        return find_path(obj, attr)
-    return None
-
-
-def _unknown_op(name: str) -> str:
-    parts = name.replace("torch.ops.", "").split(".")
-    hint = ""
-    if len(parts) >= 2 and parts[0] == "aten":
-        names = [n for n in dir(torch.ops.aten) if not n.startswith("_")]
-        close = difflib.get_close_matches(parts[1], names, n=3)
-        if close:
-            hint = "; did you mean " + ", ".join(f"aten.{c}" for c in close) + "?"
-    return (
-        f"unknown op '{name}'{hint} (write an overload like aten.add.Tensor, a packet like "
-        "aten.add, operator.getitem, or an importable path like torch.nn.functional.linear)"
-    )
-
-
-def _op_name(op: Any) -> str:
-    if isinstance(op, torch._ops.OpOverload):
-        return f"{op.namespace}.{op._schema.name.split('::')[-1]}.{op._overloadname}"
-    if isinstance(op, torch._ops.OpOverloadPacket):
-        return f"{op._qualified_op_name.replace('::', '.')}"
-    if op is operator.getitem:
-        return "operator.getitem"
-    module = getattr(op, "__module__", None) or ""
-    return f"{module}.{getattr(op, '__qualname__', getattr(op, '__name__', repr(op)))}".lstrip(".")
-
-
+# ----- op sets ---------------------------------------------------------------------------------
 class _OpSet(OperatorSupportBase):
     """Supported when the node calls one of the given ops (``call_function``) or modules."""
 
@@ -223,7 +148,7 @@ class _OpSet(OperatorSupportBase):
         modules = []
         for t in targets:
             op = resolve_op(t) if isinstance(t, str) else aten_op(t)
-            self.names.append(t if isinstance(t, str) else _op_name(op))
+            self.names.append(t if isinstance(t, str) else op_name(op))
             if isinstance(op, torch._ops.OpOverload):
                 self.overloads.add(op)
             elif isinstance(op, torch._ops.OpOverloadPacket):
@@ -499,77 +424,21 @@ class _Constant(OperatorSupportBase):
         self.value = value
 
     def is_node_supported(self, submodules, node):
-        return self.value and node.op in _CALLABLE_OPS
+        return self.value and node.op in CALLABLE_OPS
 
     def describe(self) -> str:
         return "all" if self.value else "none"
-
-
-_CONVERSIONS = ("aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype", "aten.clone")
-_NORMS = (
-    "aten.mean",
-    "aten.var",
-    "aten.var_mean",
-    "aten.native_layer_norm",
-    "aten.layer_norm",
-    "aten.native_group_norm",
-    "aten.native_batch_norm",
-    "aten._native_batch_norm_legit_no_training",
-    "aten.rms_norm",
-    "aten._fused_rms_norm",
-)
-_FXPASS_NORMS = ("rms_norm", "fused_add_rmsnorm", "fused_add_rmsnorm_quant")
-_VIEWS = (
-    "aten.view",
-    "aten._unsafe_view",
-    "aten.reshape",
-    "aten.permute",
-    "aten.transpose",
-    "aten.t",
-    "aten.expand",
-    "aten.unsqueeze",
-    "aten.squeeze",
-    "aten.slice",
-    "aten.select",
-    "aten.alias",
-    "aten.as_strided",
-    "aten.split",
-    "aten.split_with_sizes",
-    "operator.getitem",
-)
-
-
-def _existing(names: Iterable[str]) -> list[Any]:
-    out = []
-    for name in names:
-        parts = name.split(".")
-        op = operator.getitem if name == "operator.getitem" else _torch_op(parts)
-        if op is not None:
-            out.append(op)
-    return out
-
-
-def _fxpass_norms() -> list[Any]:
-    # Only the ones registered: fxpass.ops may not be imported (and must not be, here).
-    ns = getattr(torch.ops, "fxpass", None)
-    out = []
-    for name in _FXPASS_NORMS:
-        try:
-            out.append(getattr(ns, name))
-        except (AttributeError, RuntimeError):
-            continue
-    return out
 
 
 def _named(name: str) -> OperatorSupportBase:
     if name == "pointwise":
         return _Tagged("pointwise", torch.Tag.pointwise)
     if name == "elementwise":
-        return _Tagged("elementwise", torch.Tag.pointwise, _existing(_CONVERSIONS))
+        return _Tagged("elementwise", torch.Tag.pointwise, existing_ops(CONVERSION_OPS))
     if name == "norm":
-        return _Tagged("norm", None, _existing(_NORMS) + _fxpass_norms())
+        return _Tagged("norm", None, existing_ops(NORM_OPS) + fxpass_norm_ops())
     if name == "view":
-        return _Tagged("view", None, _existing(_VIEWS))
+        return _Tagged("view", None, existing_ops(VIEW_OPS))
     if name == "getitem":
         return _Tagged("getitem", None, [operator.getitem])
     if name in ("all", "none"):
@@ -602,88 +471,12 @@ def named_support(name: str) -> OperatorSupportBase:
         ) from None
 
 
-# ----- torch's support dict -----------------------------------------------------------------------
-def node_target_name(submodules: Mapping[str, nn.Module], node: fx.Node) -> str:
-    """torch's ``get_node_target``: the typename a support dict is keyed by
-    (``torch.ops.aten.add.Tensor``, ``_operator.getitem``, ``torch.nn.modules.linear.Linear``)."""
-    if node.op == "call_module":
-        module = submodules[node.target]
-        klass = getattr(module, "_base_class_origin", type(module))
-        if klass.__module__ and "acc_ops" in klass.__module__:
-            return f"acc_ops.{klass.__name__}"
-        return f"{klass.__module__.replace('torch._ops', 'torch.ops')}.{klass.__name__}"
-    if node.op == "call_function":
-        target = node.target
-        if "acc_ops" in (getattr(target, "__module__", None) or ""):
-            return f"acc_ops.{target.__name__}"
-        return fx.node._get_qualified_name(target)
-    return node.target if isinstance(node.target, str) else str(node.target)
-
-
-def _arg_dtype(arg: fx.Node) -> Any:
-    meta = arg.meta.get("tensor_meta")
-    if meta is not None and hasattr(meta, "dtype"):
-        return meta.dtype
-    val = arg.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return val.dtype
-    return arg.meta.get("type")
-
-
-class OperatorSupport(OperatorSupportBase):
-    """torch's support dict: ``{target typename: None | (arg dtypes, kwarg dtypes)}``.
-
-    An Edge op is looked up under its own name, then under its ATen op's
-    (``torch.ops.aten.add.Tensor``).
-
-    ``None`` accepts any dtype; otherwise ``([dtypes of args[0]], [..of args[1]], ...)`` and
-    ``{"kwarg": [dtypes]}`` restrict the inputs (``None`` in the args list skips one). Nodes
-    that call nothing (placeholders, get_attr, output) are supported, as in torch. Dtypes come
-    from ``tensor_meta`` or, on export graphs, ``meta['val']``.
-    """
-
-    def __init__(self, support_dict: Mapping[str, Any] | None = None) -> None:
-        self._support_dict = support_dict or {}
-
-    def is_node_supported(self, submodules, node):
-        if node.op not in _CALLABLE_OPS:
-            return True
-        target = node_target_name(submodules, node)
-        if target not in self._support_dict and node.op == "call_function":
-            target = fx.node._get_qualified_name(aten_op(node.target))  # an Edge op's ATen name
-        if target not in self._support_dict:
-            return False
-        rule = self._support_dict[target]
-        if rule is None:
-            return True
-        args_dtypes, kwargs_dtypes = rule
-        for i, dtypes in enumerate(args_dtypes):
-            if len(node.args) <= i:
-                break
-            if dtypes is None or not isinstance(node.args[i], fx.Node):
-                continue
-            if _arg_dtype(node.args[i]) not in dtypes:
-                return False
-        for key, dtypes in kwargs_dtypes.items():
-            value = node.kwargs.get(key)
-            if isinstance(value, fx.Node) and _arg_dtype(value) not in dtypes:
-                return False
-        return True
-
-    def describe(self) -> str:
-        return "support_dict(" + ", ".join(self._support_dict) + ")"
-
-
 # ----- declarative forms --------------------------------------------------------------------------
-class SupportSpecError(SpecError):
-    """A textual or dict operator-support spec is malformed."""
-
-
 def parse_support(spec: Any) -> OperatorSupportBase:
     """Build a support object from a declarative spec.
 
     ``spec`` is a support object (returned as is), a string in the spec language, a dict, or a
-    list of op names (any of them). The string language::
+    list of op names (any of them). The string language (grammar in :mod:`~fxpass.partition.spec`)::
 
         expr  := term ("|" term)*           any of
         term  := factor ("&" factor)*       all of
@@ -702,7 +495,7 @@ def parse_support(spec: Any) -> OperatorSupportBase:
     if callable(getattr(spec, "is_node_supported", None)):
         return _Foreign(spec)
     if isinstance(spec, str):
-        return _Parser(spec).parse()
+        return _build(read_spec(spec), spec)
     if isinstance(spec, Mapping):
         return _from_dict(spec)
     if isinstance(spec, (list, tuple, set, frozenset)):
@@ -770,118 +563,45 @@ def _listed(value: Any) -> list[Any]:
     return list(value)
 
 
-class _Parser:
-    """Recursive descent over the support spec language (see :func:`parse_support`)."""
+def _build(tree: SpecTree, text: str) -> OperatorSupportBase:
+    kind = tree[0]
+    if kind == "any":
+        return any_chain(*(_build(t, text) for t in tree[1]))
+    if kind == "all":
+        return chain(*(_build(t, text) for t in tree[1]))
+    if kind == "not":
+        return ~_build(tree[1], text)
+    _, name, args, start = tree
+    try:
+        return _atom(name, args)
+    except (ValueError, TypeError) as e:
+        raise SupportSpecError(str(e), text, start + 1) from None
 
-    _WORD = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:")
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def error(self, message: str, pos: int | None = None) -> SupportSpecError:
-        return SupportSpecError(message, self.text, (self.pos if pos is None else pos) + 1)
-
-    def skip(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos].isspace():
-            self.pos += 1
-
-    def peek(self) -> str:
-        self.skip()
-        return self.text[self.pos] if self.pos < len(self.text) else ""
-
-    def word(self) -> tuple[str, int]:
-        self.skip()
-        start = self.pos
-        while self.pos < len(self.text) and self.text[self.pos] in self._WORD:
-            self.pos += 1
-        if start == self.pos:
-            found = repr(self.text[start]) if start < len(self.text) else "the end"
-            raise self.error(f"expected a support name or an op, found {found}")
-        return self.text[start : self.pos], start
-
-    def parse(self) -> OperatorSupportBase:
-        if not self.text.strip():
-            raise self.error("empty support spec (write e.g. 'elementwise | norm')")
-        result = self.expr()
-        if self.peek():
-            raise self.error(f"unexpected {self.peek()!r} (combine supports with '|' or '&')")
-        return result
-
-    def expr(self) -> OperatorSupportBase:
-        parts = [self.term()]
-        while self.peek() == "|":
-            self.pos += 1
-            parts.append(self.term())
-        return parts[0] if len(parts) == 1 else any_chain(*parts)
-
-    def term(self) -> OperatorSupportBase:
-        parts = [self.factor()]
-        while self.peek() == "&":
-            self.pos += 1
-            parts.append(self.factor())
-        return parts[0] if len(parts) == 1 else chain(*parts)
-
-    def factor(self) -> OperatorSupportBase:
-        c = self.peek()
-        if c in ("!", "~"):
-            self.pos += 1
-            return ~self.factor()
-        if c == "(":
-            self.pos += 1
-            inner = self.expr()
-            if self.peek() != ")":
-                raise self.error("expected ')'")
-            self.pos += 1
-            return inner
-        name, start = self.word()
-        if name == "not":
-            return ~self.factor()
-        args = self.arguments() if self.peek() == "(" else None
-        try:
-            return self.atom(name, args)
-        except (ValueError, TypeError) as e:
-            raise self.error(str(e), start) from None
-
-    def arguments(self) -> list[str]:
-        self.pos += 1  # "("
-        args: list[str] = []
-        if self.peek() == ")":
-            self.pos += 1
-            return args
-        while True:
-            args.append(self.word()[0])
-            c = self.peek()
-            self.pos += 1
-            if c == ")":
-                return args
-            if c != ",":
-                raise self.error("expected ',' or ')' in the argument list", self.pos - 1)
-
-    def atom(self, name: str, args: list[str] | None) -> OperatorSupportBase:
-        if args is None:
-            if name == "static_shape":
-                return shape_support(static=True)
-            if name in NAMED_SUPPORTS:
-                return named_support(name)
-            if "." in name:
-                return op_support(name)
-            close = difflib.get_close_matches(name, [*NAMED_SUPPORTS, "static_shape"], n=2)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(
-                f"unknown support '{name}'{hint} (named: {', '.join(NAMED_SUPPORTS)}; "
-                "or an op like aten.add.Tensor, or ops(...), dtype(...), max_rank(N))"
-            )
-        if name == "ops":
-            return op_support(*args)
-        if name == "dtype":
-            return dtype_support(*args)
-        if name == "input_dtype":
-            return dtype_support(*args, inputs=True)
-        if name == "max_rank":
-            if len(args) != 1 or not args[0].isdigit():
-                raise ValueError("max_rank takes one integer, e.g. max_rank(4)")
-            return shape_support(max_rank=int(args[0]))
+def _atom(name: str, args: list[str] | None) -> OperatorSupportBase:
+    if args is None:
+        if name == "static_shape":
+            return shape_support(static=True)
+        if name in NAMED_SUPPORTS:
+            return named_support(name)
+        if "." in name:
+            return op_support(name)
+        close = difflib.get_close_matches(name, [*NAMED_SUPPORTS, "static_shape"], n=2)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(
-            f"unknown support function '{name}' (known: ops, dtype, input_dtype, max_rank)"
+            f"unknown support '{name}'{hint} (named: {', '.join(NAMED_SUPPORTS)}; "
+            "or an op like aten.add.Tensor, or ops(...), dtype(...), max_rank(N))"
         )
+    if name == "ops":
+        return op_support(*args)
+    if name == "dtype":
+        return dtype_support(*args)
+    if name == "input_dtype":
+        return dtype_support(*args, inputs=True)
+    if name == "max_rank":
+        if len(args) != 1 or not args[0].isdigit():
+            raise ValueError("max_rank takes one integer, e.g. max_rank(4)")
+        return shape_support(max_rank=int(args[0]))
+    raise ValueError(
+        f"unknown support function '{name}' (known: ops, dtype, input_dtype, max_rank)"
+    )

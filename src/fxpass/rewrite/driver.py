@@ -30,8 +30,8 @@ from torch.fx import Node
 from ..core.context import current_context
 from ..core.contract import Pass, PassResult
 from ..core.errors import NonConvergenceError
+from ..edit.location import short
 from ..fxutil.dialect import spellings
-from ._location import short
 from ._state import MatchState
 from .explain import explain, near_misses
 from .match import Matcher, RuleStats

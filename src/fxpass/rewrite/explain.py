@@ -21,9 +21,9 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
+from ..edit.location import short
 from ..fxutil.dialect import aten_op
 from ..fxutil.views import view_base_name
-from ._location import short
 from ._state import MISSING, MatchState
 from .constraint import constant_number, fn_name, lit_eq, show
 from .interpret import Cont, Interpreter, always, is_a, strict_ok

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from torch.fx import Node
 from torch.fx.node import map_aggregate
-from torch.fx.traceback import NodeSource, NodeSourceAction
 
-__all__ = ["COPIED_META", "MetaPropagator", "node_sources", "provenance_record"]
+from ..edit.provenance import COPIED_META, node_sources, provenance_record
+from ..fxutil.fx import node_args, node_kwargs
 
-#: Metadata keys a new node inherits from the node it replaces.
-COPIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn")
+__all__ = ["MetaPropagator"]
+
 
 _NO = object()
 
@@ -95,50 +95,10 @@ def _args_key(args: tuple) -> tuple:
     return tuple(out)
 
 
-_TARGET_NAMES: dict[int, tuple[Any, str]] = {}  # id(target) -> (target, str(target))
-# (op, id(target), argument specs) -> (target, result spec): what a fake kernel computed.
 # The result's metadata depends only on the op and its inputs' metadata, so the cache is
 # shared by every run in the process.
+# (op, id(target), argument specs) -> (target, result spec): what a fake kernel computed.
 _SPECS: dict[Any, tuple[Any, Any]] = {}
-
-
-def node_sources(old: Sequence[Node], pass_name: str) -> list[NodeSource]:
-    """torch ``NodeSource`` records (action ``replace``) for the replaced nodes.
-
-    Built without ``NodeSource``'s deep copy of the old node's history: the history's
-    records are shared, which is safe because nothing edits a recorded ``NodeSource``.
-    """
-    out = []
-    new = object.__new__
-    info_cls = NodeSource.NodeInfo
-    replace = NodeSourceAction.REPLACE
-    names = _TARGET_NAMES
-    for n in old:
-        target = n.target
-        text = names.get(id(target))
-        if text is None or text[0] is not target:
-            text = names[id(target)] = (target, str(target))
-        info = new(info_cls)
-        info.__dict__ = {"name": n.name, "target": text[1], "graph_id": id(n.graph)}
-        src = new(NodeSource)
-        src.__dict__ = {
-            "pass_name": pass_name,
-            "action": [replace],
-            "node_info": info,
-            "from_node": list(n.meta.get("from_node", ())),
-            "_action_string": None,
-            "_dict": None,
-        }
-        out.append(src)
-    return out
-
-
-def provenance_record(
-    rule: str, pass_name: str, replaced: Iterable[str], location: str
-) -> dict[str, Any]:
-    """``meta['fxpass_provenance']`` of a new node: the rule and the pass that made it, the
-    names of the nodes it replaced, and where the rule is written."""
-    return {"rule": rule, "pass": pass_name, "replaced": list(replaced), "location": location}
 
 
 class MetaPropagator:
@@ -167,7 +127,7 @@ class MetaPropagator:
                     n.meta["example_value"] = val
 
     def _value(self, n: Node, donors: Mapping[Node, Node]) -> Any:
-        args = n._args
+        args = node_args(n)
         if n.target is operator.getitem and args and isinstance(args[0], Node):
             src = _val(args[0])
             if isinstance(src, (tuple, list)):
@@ -176,7 +136,7 @@ class MetaPropagator:
                 except Exception:
                     return _NO
         try:
-            kwargs = n._kwargs
+            kwargs = node_kwargs(n)
             key = (n.op, id(n.target), _args_key(args), _arg_spec(kwargs) if kwargs else ())
             hit = _SPECS.get(key)
         except TypeError:  # symbolic shapes or unhashable arguments: no cache

@@ -46,9 +46,9 @@ from typing import Any
 
 from torch.fx import Node
 
+from ..edit.location import caller_location
 from ..fxutil.dialect import aten_op, is_edge_op
 from ..fxutil.views import keeps_rows
-from ._location import caller_location
 from .arguments import Layout, layout
 from .constraint import Constraint, is_noop_cast, is_pure_cast
 from .spelling import CAST_OPS, SYMMETRIC, Module, OpOverload, OpOverloadPacket, op_name

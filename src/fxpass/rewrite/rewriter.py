@@ -1,11 +1,11 @@
 """The rewriter: the one place where rewrites change the graph.
 
-Every change goes through :class:`Rewriter`, which asks the pipeline's context before each
-rewrite (``ctx.allow()``: a debug counter may say no, which is how bisection stops after the
-k-th rewrite), builds the replacement, fills in metadata, rewires and erases, and tells the
-instrumentation (``ctx.notify``). A match is validated completely before anything changes,
-and a replacement that raises or declines leaves the graph as it was: no rewrite is ever
-half-applied.
+Every change goes through :class:`Rewriter`, which asks the run's editor before each
+rewrite (:meth:`fxpass.edit.editor.Editor.allow`: a debug counter may say no, which is how
+bisection stops after the k-th rewrite), builds the replacement, fills in metadata, rewires
+and erases, and tells the instrumentation (:meth:`~fxpass.edit.editor.Editor.notify`). A
+match is validated completely before anything changes, and a replacement that raises or
+declines leaves the graph as it was: no rewrite is ever half-applied.
 """
 
 from __future__ import annotations
@@ -17,17 +17,24 @@ from typing import Any
 import torch
 from torch import fx
 from torch.fx import Node, Proxy
-from torch.fx.node import map_aggregate, map_arg
+from torch.fx.node import map_aggregate
 from torch.fx.proxy import GraphAppendingTracer
 
-from ..core.context import ChangeEvent, current_context
 from ..core.errors import FxpassError
+from ..edit.editor import Editor
+from ..edit.location import short
 from ..fxutil.dialect import edge_call, graph_is_edge, uses_dim_order
-from ._location import short
+from ..fxutil.fx import (
+    dead_node_eraser,
+    default_node_name,
+    is_erased,
+    set_args_kwargs,
+    sort_key,
+)
 from .constraint import value_of
 from .match import RuleStats
 from .metadata import MetaPropagator
-from .order import TopoOrder, _sort_key, users_before
+from .order import TopoOrder, users_before
 from .region import Match, _droppable
 
 __all__ = ["RewriteError", "Rewriter"]
@@ -108,14 +115,14 @@ def new_node(
     if name is None:  # the name torch derives from the target, computed once per target
         hit = _NAMES.get(id(target))
         if hit is None or hit[0] is not target:
-            hit = _NAMES[id(target)] = (target, graph._target_to_str(target))
+            hit = _NAMES[id(target)] = (target, default_node_name(graph, target))
         name = hit[1]
     # unwrap first: an argument may create its node on demand (torch's ``x.shape`` proxy)
     args = map_aggregate(args, _unwrap)
     kwargs = map_aggregate(kwargs, _unwrap)
     node = graph.create_node(op, target, (), {}, name, type_expr)
     if args or kwargs:
-        node._update_args_kwargs(args, kwargs)
+        set_args_kwargs(node, args, kwargs)
     return node
 
 
@@ -128,16 +135,14 @@ class Rewriter:
     def __init__(self, gm: fx.GraphModule | fx.Graph, pass_name: str | None = None) -> None:
         self.graph: fx.Graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
         self.gm = gm if isinstance(gm, fx.GraphModule) else self.graph.owning_module
-        self.ctx = current_context()
-        if pass_name is None:
-            path = self.ctx.pass_path if self.ctx is not None else []
-            pass_name = path[-1] if path else "rewrite"
-        self.pass_name = pass_name
+        self.editor = Editor(pass_name=pass_name)
+        self.ctx = self.editor.ctx
+        self.pass_name = self.editor.pass_name
         self._order: TopoOrder | None = None
         self._dim_order: bool | None = None
         self._tracer = _Tracer(self.graph)
         self.meta = MetaPropagator()
-        self.fast_erase = _fast_eraser(self.graph)  # None: use graph.erase_node
+        self.fast_erase = dead_node_eraser(self.graph)  # None: use graph.erase_node
         self.rewrites = 0
         self.created: list[Node] = []  # new nodes of the last rewrite
 
@@ -158,8 +163,8 @@ class Rewriter:
     def apply(self, match: Match, stats: RuleStats | None = None) -> bool:
         """Replace ``match`` by its rule's replacement. False if skipped or declined."""
         rule = match.rule
-        ctx = self.ctx
-        if ctx is not None and not ctx.allow():
+        editor = self.editor
+        if not editor.allow():
             if stats is not None:
                 stats.skipped += 1
             return False
@@ -206,28 +211,24 @@ class Rewriter:
         unused = [n for n in new if not n.users and not n.is_impure()]
         if unused:  # e.g. a fused op's second result when the old value had no other reader
             self._erase_dead(unused)
-            new = [n for n in new if not n._erased]
+            new = [n for n in new if not is_erased(n)]
         self.rewrites += 1
         self.created = new
         if stats is not None:
             stats.rewritten += 1
-        if ctx is not None:
-            ctx.notify(
-                ChangeEvent("replace", rule.name, list(match.nodes), list(new), 0, rule.location)
-            )
+        editor.notify("replace", rule.name, match.nodes, new, rule.location)
         return True
 
     def erase(self, node: Node, rule: str, location: str = "") -> bool:
         """Erase ``node``, which nothing uses. False if the context said no."""
         if node.users:
             raise ValueError(f"cannot erase %{node.name}: it still has users {list(node.users)}")
-        ctx = self.ctx
-        if ctx is not None and not ctx.allow():
+        editor = self.editor
+        if not editor.allow():
             return False
         self._erase_dead([node])
         self.rewrites += 1
-        if ctx is not None:
-            ctx.notify(ChangeEvent("erase", rule, [node], [], 0, location))
+        editor.notify("erase", rule, [node], (), location)
         return True
 
     def _build(self, match: Match, anchor: Node) -> tuple[list[Node], list[Node] | None]:
@@ -318,7 +319,7 @@ class Rewriter:
         values = []
         for v in seq:
             v = v.node if isinstance(v, Proxy) else v
-            if not isinstance(v, Node) or v.graph is not self.graph or v._erased:
+            if not isinstance(v, Node) or v.graph is not self.graph or is_erased(v):
                 raise RewriteError(
                     rule,
                     f"the replacement must return graph values (nodes or proxies), got {v!r}",
@@ -328,56 +329,24 @@ class Rewriter:
 
     def _undo(self, nodes: Sequence[Node]) -> None:
         for n in reversed(nodes):
-            if not n._erased:
+            if not is_erased(n):
                 self.graph.erase_node(n)
 
     def _erase_dead(self, nodes: Iterable[Node]) -> list[Node]:
         """Erase the nodes (users first) that nothing uses any more; returns them."""
-        todo = [n for n in nodes if not n._erased]
-        todo.sort(key=_sort_key, reverse=True)
+        todo = [n for n in nodes if not is_erased(n)]
+        todo.sort(key=sort_key, reverse=True)
         out = []
         graph = self.graph
         fast = self.fast_erase
         for n in todo:
-            if not n.users and not n._erased:
+            if not n.users and not is_erased(n):
                 if fast is not None:
                     fast(n)
                 else:
                     graph.erase_node(n)
                 out.append(n)
         return out
-
-
-def _none(_: Node) -> None:
-    return None
-
-
-def _fast_eraser(graph: fx.Graph) -> Any:
-    """``graph.erase_node`` without its per-call overhead, for nodes known to be dead.
-
-    It does what ``erase_node`` does (hooks, lookup table, list, argument users) but sets
-    ``_erased`` without ``Node.__setattr__``'s lookup-table round trip. Falls back to None
-    (use ``erase_node``) when this torch's graph internals look different.
-    """
-    table = getattr(getattr(graph, "_find_nodes_lookup_table", None), "table", None)
-    if table is None or not hasattr(graph, "_len"):
-        return None
-    owner = graph.owning_module
-    hooks = getattr(owner, "_erase_node_hooks", None) if owner is not None else None
-    setter = object.__setattr__
-
-    def erase(n: Node) -> None:
-        if hooks:
-            for f in hooks:
-                f(n)
-        table[(n.op, n.target if n.op == "call_function" else None)].pop(n)
-        n._remove_from_list()
-        setter(n, "_erased", True)
-        graph._len -= 1
-        kwargs = n._kwargs
-        n._update_args_kwargs(map_arg(n._args, _none), map_arg(kwargs, _none) if kwargs else {})
-
-    return erase
 
 
 def _wrap(v: Any, tracer: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from ._location import caller_location, short
+from ..edit.location import caller_location, short
 from ._state import MISSING
 from .match import match_at
 from .pattern import P as _Op

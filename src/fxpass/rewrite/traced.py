@@ -48,7 +48,7 @@ from torch.fx import Node
 from torch.fx.node import map_aggregate
 
 from ..core.errors import FxpassError
-from ._location import caller_location
+from ..edit.location import caller_location
 from .pattern import Const, P, Pattern, Var
 from .rule import Rule
 

@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from ..fxutil.dialect import aten_op
-from ..passes.cleanup._alias import node_val
+from ..fxutil.values import node_val
 from ..verify.streams import is_kernel
 
 __all__ = ["CostModel", "node_bytes", "node_flops"]

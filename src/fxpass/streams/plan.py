@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
-from ..passes.cleanup._alias import AliasInfo, written_args
+from ..edit.alias import AliasInfo, written_args
 from .cost import CostModel
 from .regions import Branch, Region, find_regions, is_collective, is_random
 

@@ -53,7 +53,8 @@ from torch.export.graph_signature import (
 
 from ..core.context import scoped
 from ..core.errors import FxpassError
-from ._util import del_path, find_path, release_name
+from ..fxutil.fx import release_name, rename_node
+from ..fxutil.paths import del_path, find_path
 from .pt2 import load as _load_pt2
 from .runner import Runner
 
@@ -357,7 +358,7 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
 def _fill_missing_vals(gm: fx.GraphModule) -> None:
     """Give ``meta["val"]`` to nodes a pass made without one (the verifier needs it): run
     each such op on the fake values of its inputs."""
-    from ..passes.cleanup._edit import fake_value
+    from ..fxutil.values import fake_value
 
     mode = _fake_mode(gm.graph)
     if mode is None:
@@ -460,7 +461,7 @@ def _restore_placeholder(ep, graph: fx.Graph, spec: InputSpec, anchor) -> fx.Nod
         node = graph.placeholder(old.name)
     if node.name != old.name and all(n.name != old.name for n in graph.nodes):
         release_name(graph, old.name)  # the erased placeholder's name: give it back
-        node._rename(old.name)
+        rename_node(node, old.name)
     node.target = old.target
     node.meta.update(old.meta)
     return node

@@ -42,7 +42,7 @@ from ..core.contract import FunctionPass, ObjectPass, Pass
 from ..core.pipeline import Pipeline
 from ..core.report import Report
 from ..core.version import __version__
-from ._util import get_path, has_path
+from ..fxutil.paths import get_path, has_path
 from .runner import Runner, graph_sample_inputs, resolve_pipeline
 
 __all__ = ["HOOKS", "InductorPass", "inductor_pass", "pipeline_uuid"]

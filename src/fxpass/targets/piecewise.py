@@ -38,8 +38,9 @@ from torch.fx.passes.split_module import split_module
 from ..core.errors import PassFailedError
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
+from ..fxutil.ops import resolve_op
+from ..fxutil.paths import get_path
 from ..ops.stream import STREAM_OPS
-from ._util import get_path
 from .runner import Runner, graph_sample_inputs, resolve_pipeline
 
 __all__ = ["ALIASES", "Piece", "PiecewiseGraph", "piecewise", "split", "split_predicate"]
@@ -76,18 +77,15 @@ ALIASES: dict[str, Callable[[], tuple[Any, ...]]] = {
 def _resolve_op(name: str) -> Any:
     if name in ALIASES:
         return ALIASES[name]()
-    parts = name.split(".")
     hint = "use 'attention', an op name like 'aten.mm.default', an op, or a predicate node -> bool"
-    if len(parts) < 2:
+    if "." not in name:
         raise ValueError(f"cannot split at {name!r}: {hint}")
-    obj: Any = torch.ops
     try:
-        for part in parts:
-            obj = getattr(obj, part)
-    except (AttributeError, RuntimeError) as e:
+        obj = resolve_op(name)
+    except ValueError as e:
         raise ValueError(f"cannot split at {name!r}: there is no op torch.ops.{name}") from e
     if not isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        raise ValueError(f"cannot split at {name!r}: torch.ops.{name} is not an op; {hint}")
+        raise ValueError(f"cannot split at {name!r}: {name} is not an op; {hint}")
     return obj
 
 

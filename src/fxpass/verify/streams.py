@@ -44,8 +44,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..edit.alias import aliased_args, op_schema, written_args
+from ..fxutil.values import node_val
 from ..ops.stream import is_stream_op, stream_op
-from ..passes.cleanup._alias import aliased_args, node_val, op_schema, written_args
 
 __all__ = [
     "StreamScheduleError",

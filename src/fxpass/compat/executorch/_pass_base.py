@@ -43,6 +43,8 @@ from ...core.context import current_context
 from ...core.contract import PassResult
 from ...core.errors import PassFailedError
 from ...core.pipeline import Pipeline
+from ...edit.editor import Editor
+from ...fxutil.fx import last_node, nodes_after
 from ...interpret import FAKE_RESULTS, InterpreterPass
 from ._values import (
     ProxyValue,
@@ -288,7 +290,7 @@ class ExportPass(InterpreterPass):
         self.interpreter = fx.Interpreter(fx.GraphModule(torch.nn.Module(), fx.Graph()))
         self._graph, self._env, self._changed = tracer.graph, {}, False
         self._current = self._meta_for = None
-        self._ctx = current_context()
+        self._editor = Editor(current_context(), self.name)
         data = pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, inputs)
         try:
             with fx_traceback.preserve_node_meta():
@@ -354,9 +356,9 @@ class ExportPass(InterpreterPass):
                     ) from si
                 arg = node.args[0]
         old_val = node.meta.get("val")
-        mark = self._graph._root._prev
+        mark = last_node(self._graph)
         value = self.placeholder(target, arg, NodeMetadata(node.meta))
-        created = self._created_since(mark)
+        created = nodes_after(self._graph, mark)
         # an input whose fake value holds a constant runs as that constant (as in ExecuTorch)
         was = (old_val, getattr(old_val, "constant", None) if old_val is not None else None)
         same = (

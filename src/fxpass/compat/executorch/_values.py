@@ -18,8 +18,8 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.proxy import _COPY_META_FIELDS
 from torch.utils import _pytree as pytree
 
+from ...edit.provenance import node_sources
 from ...interpret import ProxyValue as _InterpreterValue
-from ...rewrite.metadata import node_sources
 
 __all__ = [
     "ProxyValue",

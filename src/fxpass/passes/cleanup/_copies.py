@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...edit.alias import AliasInfo
 from ...fxutil.dialect import aten_op
-from ._alias import AliasInfo, node_val
+from ...fxutil.values import node_val
 
 __all__ = [
     "copy_is_unobservable",

@@ -11,9 +11,9 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...edit.alias import AliasInfo, written_args
+from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
-from ._alias import AliasInfo, written_args
-from ._edit import allow, replace_all_uses
 
 __all__ = ["cse"]
 

@@ -9,9 +9,9 @@ from torch.fx.node import _side_effectful_functions
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...edit.alias import AliasInfo, written_args
+from ...edit.editor import allow, erase
 from ...fxutil.dialect import aten_op
-from ._alias import AliasInfo, written_args
-from ._edit import allow, erase
 
 __all__ = ["dce", "has_effect"]
 

@@ -7,10 +7,11 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...edit.alias import AliasInfo, aliased_args
+from ...edit.editor import allow, erase, notify, replace_all_uses
 from ...fxutil.dialect import aten_op
-from ._alias import AliasInfo, aliased_args, node_val
+from ...fxutil.values import node_val
 from ._copies import copy_is_unobservable, same_layout, view_is_replaceable
-from ._edit import allow, erase, notify, replace_all_uses
 
 __all__ = ["erase_copy"]
 

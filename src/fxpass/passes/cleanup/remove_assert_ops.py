@@ -9,6 +9,7 @@ from torch.fx import Node
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...fxutil.dialect import aten_op
+from ...fxutil.fx import is_erased
 from ...rewrite.rewriter import Rewriter
 from ...rewrite.rule import DROPPABLE_USERS
 
@@ -81,7 +82,7 @@ def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
         stack = list(inputs)
         while stack:  # the scalar checks that computed the asserted condition
             n = stack.pop()
-            if not n._erased and _feeds_only_checks(n):
+            if not is_erased(n) and _feeds_only_checks(n):
                 more = n.all_input_nodes
                 if rw.erase(n, "remove_assert_ops"):
                     stat("removed_scalar")

@@ -7,9 +7,9 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
 from ._copies import input_becomes_output
-from ._edit import allow, replace_all_uses
 
 __all__ = ["remove_detach"]
 

@@ -7,11 +7,12 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...edit.alias import AliasInfo
+from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
+from ...fxutil.values import fake_value, node_val
 from ...fxutil.views import view_variant
-from ._alias import AliasInfo, node_val
 from ._copies import copy_is_unobservable, input_becomes_output, same_layout, view_is_replaceable
-from ._edit import allow, fake_value, replace_all_uses
 
 __all__ = ["remove_noop"]
 

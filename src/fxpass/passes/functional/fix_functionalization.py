@@ -10,15 +10,16 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
-from ..cleanup._alias import (
-    _FUNCTIONAL_HOPS,
+from ...edit.alias import (
+    FUNCTIONAL_HOPS,
     AliasInfo,
-    _hop_name,
-    _nodes_in,
-    _write_slots,
+    hop_name,
     lay_out_args,
+    nodes_in,
+    write_slots,
 )
-from ..cleanup._edit import allow, fake_value, new_node_meta, notify
+from ...edit.editor import allow, new_node_meta, notify
+from ...fxutil.values import fake_value
 
 __all__ = ["fix_functionalization"]
 
@@ -26,15 +27,15 @@ aten = torch.ops.aten
 
 
 def _hop(node: fx.Node) -> str | None:
-    name = _hop_name(node)
-    if name in _FUNCTIONAL_HOPS and isinstance(node.args[0], torch._ops.OpOverload):
+    name = hop_name(node)
+    if name in FUNCTIONAL_HOPS and isinstance(node.args[0], torch._ops.OpOverload):
         return name
     return None
 
 
 def _mutable(op: torch._ops.OpOverload) -> list[str]:
     """The names of the arguments ``op`` writes, in schema order."""
-    return [name for _, name, _ in _write_slots(op)]
+    return [name for _, name, _ in write_slots(op)]
 
 
 class _Call:
@@ -123,7 +124,7 @@ def _reinplaceable(call: _Call, info: AliasInfo, writebacks: dict) -> bool:
     new value into it anyway, and no base shares memory with another argument."""
     here = info.pos[call.node]
     seen: frozenset[fx.Node] = frozenset()
-    others = frozenset().union(*(info.roots(n) for n in _nodes_in(call.kwargs)))
+    others = frozenset().union(*(info.roots(n) for n in nodes_in(call.kwargs)))
     for base in call.bases:
         roots = info.roots(base)
         if roots & seen or roots & others:

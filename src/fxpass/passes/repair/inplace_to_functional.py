@@ -9,9 +9,11 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...edit.alias import AliasInfo, written_args
+from ...edit.editor import allow, new_node_meta, notify
+from ...edit.spelling import Spelling
 from ...fxutil.dialect import aten_op
-from ..cleanup._alias import AliasInfo, node_val, written_args
-from ..cleanup._edit import Spelling, allow, fake_value, new_node_meta, notify
+from ...fxutil.values import fake_value, node_val
 
 __all__ = ["inplace_to_functional"]
 

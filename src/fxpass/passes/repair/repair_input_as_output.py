@@ -11,8 +11,9 @@ from torch import fx
 from ...core.context import stat
 from ...core.contract import PassResult
 from ...core.registry import _builtin
-from ..cleanup._alias import node_val
-from ..cleanup._edit import Spelling, allow, fake_value, new_node_meta, notify
+from ...edit.editor import allow, new_node_meta, notify
+from ...edit.spelling import Spelling
+from ...fxutil.values import fake_value, node_val
 
 __all__ = ["repair_input_as_output"]
 

@@ -10,9 +10,11 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.registry import _builtin
+from ...edit.alias import lay_out_args
+from ...edit.editor import allow, new_node_meta, notify
+from ...edit.spelling import Spelling
 from ...fxutil.dialect import aten_op
-from ..cleanup._alias import lay_out_args, node_val
-from ..cleanup._edit import Spelling, allow, fake_value, new_node_meta, notify
+from ...fxutil.values import fake_value, node_val
 
 __all__ = ["scalar_to_tensor"]
 

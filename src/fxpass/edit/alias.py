@@ -20,9 +20,20 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...fxutil.dialect import aten_op
+from ..fxutil.dialect import aten_op
+from ..fxutil.values import node_val
 
-__all__ = ["AliasInfo", "aliased_args", "lay_out_args", "node_val", "op_schema", "written_args"]
+__all__ = [
+    "FUNCTIONAL_HOPS",
+    "AliasInfo",
+    "aliased_args",
+    "hop_name",
+    "lay_out_args",
+    "nodes_in",
+    "op_schema",
+    "write_slots",
+    "written_args",
+]
 
 # names of Python-level tensor methods / torch functions whose result may share memory with
 # their first argument (Dynamo and symbolic_trace graphs call these)
@@ -97,15 +108,7 @@ _INPLACE_OPERATORS = frozenset(
         "imatmul",
     ]
 )
-_FUNCTIONAL_HOPS = ("auto_functionalized", "auto_functionalized_v2")
-
-
-def node_val(node: Any) -> Any:
-    """The example value of a node: ``meta["val"]`` (export, AOT) or ``["example_value"]``."""
-    if not isinstance(node, fx.Node):
-        return None
-    val = node.meta.get("val")
-    return node.meta.get("example_value") if val is None else val
+FUNCTIONAL_HOPS = ("auto_functionalized", "auto_functionalized_v2")
 
 
 def op_schema(node: fx.Node) -> torch.FunctionSchema | None:
@@ -133,7 +136,7 @@ _Slots = tuple[tuple[int, str, bool], ...]  # (position, name, keyword-only) per
 
 
 @functools.cache
-def _write_slots(op: torch._ops.OpOverload) -> _Slots:
+def write_slots(op: torch._ops.OpOverload) -> _Slots:
     """The arguments of ``op`` it writes (``Tensor(a!)``), cached per op."""
     return tuple(
         (i, a.name, a.kwarg_only)
@@ -167,7 +170,8 @@ def _slot_nodes(node: fx.Node, slots: _Slots) -> list[fx.Node]:
     return out
 
 
-def _nodes_in(value: Any) -> list[fx.Node]:
+def nodes_in(value: Any) -> list[fx.Node]:
+    """The nodes inside an argument (nested lists, tuples and dicts)."""
     out: list[fx.Node] = []
     fx.node.map_arg(value, out.append)
     return out
@@ -179,7 +183,7 @@ def _name(node: fx.Node) -> str:
     return getattr(node.target, "__name__", "") if node.op == "call_function" else ""
 
 
-def _hop_name(node: fx.Node) -> str | None:
+def hop_name(node: fx.Node) -> str | None:
     if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
         return node.target.name()
     return None
@@ -188,8 +192,8 @@ def _hop_name(node: fx.Node) -> str | None:
 def written_args(node: fx.Node) -> list[fx.Node]:
     """The nodes whose memory ``node`` writes (in-place ops, ``out=``, ``copy_``, setitem)."""
     if op_schema(node) is not None:
-        return _slot_nodes(node, _write_slots(aten_op(node.target)))
-    if node.op not in ("call_function", "call_method", "call_module") or _hop_name(node):
+        return _slot_nodes(node, write_slots(aten_op(node.target)))
+    if node.op not in ("call_function", "call_method", "call_module") or hop_name(node):
         return []
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
     name = _name(node)
@@ -202,7 +206,7 @@ def written_args(node: fx.Node) -> list[fx.Node]:
         is_tensor = isinstance(node_val(first), torch.Tensor) or node.target is operator.setitem
         return [first] if first is not None and is_tensor else []
     if "out" in node.kwargs:
-        return _nodes_in(node.kwargs["out"])
+        return nodes_in(node.kwargs["out"])
     if name.endswith("_") and not name.endswith("__") and first is not None:
         return [first]
     return []
@@ -213,15 +217,15 @@ def aliased_args(node: fx.Node) -> list[fx.Node]:
     if op_schema(node) is not None:
         return _slot_nodes(node, _alias_slots(aten_op(node.target)))
     if node.op == "call_function" and node.target is operator.getitem:
-        return _nodes_in(node.args[0])
-    hop = _hop_name(node)
-    if hop in _FUNCTIONAL_HOPS:
+        return nodes_in(node.args[0])
+    hop = hop_name(node)
+    if hop in FUNCTIONAL_HOPS:
         return []
     if node.op == "call_module" or hop is not None:
-        return _nodes_in((node.args, node.kwargs))  # opaque: assume the worst
+        return nodes_in((node.args, node.kwargs))  # opaque: assume the worst
     views = _name(node) in _VIEW_NAMES or written_args(node)
     if node.op in ("call_function", "call_method") and views:
-        return _nodes_in(node.args[:1])
+        return nodes_in(node.args[:1])
     return []
 
 

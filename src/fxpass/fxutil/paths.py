@@ -1,5 +1,4 @@
-"""Small helpers on modules and graphs shared across fxpass: dotted attribute paths (the
-``target`` of ``get_attr`` and ``call_module`` nodes) and node names.
+"""Dotted attribute paths: the ``target`` of ``get_attr`` and ``call_module`` nodes.
 
 (torch's private ``torch.fx.graph_module._has_attr`` is no substitute: it walks the
 booleans ``hasattr`` returns instead of the attributes, so nested paths come out wrong.)
@@ -9,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import fx
-
-__all__ = ["del_path", "find_path", "get_path", "has_path", "release_name"]
+__all__ = ["del_path", "find_path", "get_path", "has_path"]
 
 
 def get_path(obj: Any, target: str) -> Any:
@@ -42,14 +39,3 @@ def del_path(obj: Any, target: str) -> None:
     """``del obj.a.b.c`` for ``target == "a.b.c"``."""
     owner, _, last = target.rpartition(".")
     delattr(get_path(obj, owner) if owner else obj, last)
-
-
-def release_name(graph: fx.Graph, name: str) -> None:
-    """Let a node of ``graph`` take ``name`` again (``node._rename(name)``).
-
-    Erased nodes keep their names reserved in the graph's namespace; this releases one
-    (best effort on torch's private state)."""
-    namespace = getattr(graph, "_graph_namespace", None)
-    used = getattr(namespace, "_used_names", None)
-    if isinstance(used, set):
-        used.discard(name)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fxpass.targets._util import del_path, find_path, get_path, has_path, release_name
+from fxpass.fxutil.paths import del_path, find_path, get_path, has_path
 
 
 def _nested():
@@ -23,17 +23,3 @@ def test_attribute_paths_walk_nested_modules():
     assert not has_path(root, "block.scale") and has_path(root, "block")
     del_path(root, "block")
     assert not has_path(root, "block")
-
-
-def test_release_name_lets_a_node_take_an_erased_nodes_name():
-    g = torch.fx.Graph()
-    x = g.placeholder("x")
-    a = g.call_function(torch.relu, (x,))
-    g.output(a)
-    g.output_node().args = (x,)
-    g.erase_node(a)
-    b = g.call_function(torch.neg, (x,), name="relu")
-    assert b.name != "relu"
-    release_name(g, "relu")
-    b._rename("relu")
-    assert b.name == "relu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from fxpass.passes.cleanup._alias import AliasInfo
+from fxpass.edit.alias import AliasInfo
 
 aten = torch.ops.aten
 

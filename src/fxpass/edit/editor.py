@@ -1,0 +1,128 @@
+"""The one way fxpass changes a graph: ask, edit, tell, record.
+
+Every change a pass makes goes through an :class:`Editor`: it asks the run's debug counter
+first (:meth:`Editor.allow`: a counter may say no, which is how bisection stops after the
+k-th change), tells the run's instrumentation what changed (:meth:`Editor.notify`), and
+gives new nodes the provenance of the nodes they stand for (:meth:`Editor.mark_new`). The
+Rewriter, the library passes and ``InterpreterPass`` all edit through it; outside a
+pipeline run every change is allowed and nobody is told.
+
+>>> editor = Editor(pass_name="my_pass")        # doctest: +SKIP
+>>> if editor.allow():                          # doctest: +SKIP
+...     editor.replace_all_uses(old, new, "my_rule")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import fx
+
+from ..core.context import ChangeEvent, PassContext, current_context
+from .location import caller_location, file_line
+from .provenance import COPIED_META, node_sources, provenance_record
+
+__all__ = ["Editor", "allow", "erase", "new_node_meta", "notify", "replace_all_uses"]
+
+_CURRENT: Any = object()
+
+
+class Editor:
+    """Edits on behalf of one pass run (``ctx``: the run's context, default the current one;
+    ``pass_name``: recorded in new nodes' provenance, default the running pass)."""
+
+    __slots__ = ("ctx", "pass_name")
+
+    def __init__(self, ctx: PassContext | None = _CURRENT, pass_name: str | None = None) -> None:
+        self.ctx = current_context() if ctx is _CURRENT else ctx
+        if pass_name is None:
+            path = self.ctx.pass_path if self.ctx is not None else []
+            pass_name = path[-1] if path else "rewrite"
+        self.pass_name = pass_name
+
+    def allow(self) -> bool:
+        """May the pass make one more change? (A debug counter may say no.)"""
+        ctx = self.ctx
+        return ctx is None or ctx.allow()
+
+    def notify(
+        self,
+        kind: str,
+        rule: str,
+        old: Sequence[fx.Node] = (),
+        new: Sequence[fx.Node] = (),
+        location: str | None = None,
+    ) -> None:
+        """Tell the run's instrumentation about one change (``location`` defaults to the
+        calling pass's line)."""
+        ctx = self.ctx
+        if ctx is not None:
+            if location is None:
+                location = file_line(caller_location())
+            ctx.notify(ChangeEvent(kind, rule, list(old), list(new), location=location))
+
+    def mark_new(
+        self,
+        new: Sequence[fx.Node],
+        replaced: Sequence[fx.Node],
+        rule: str,
+        location: str | None = None,
+        *,
+        inherit: bool = True,
+    ) -> None:
+        """Give nodes the pass created torch's ``from_node`` and fxpass's provenance naming
+        ``replaced``, and (``inherit``) the source metadata of the first replaced node."""
+        if location is None:
+            location = file_line(caller_location())
+        first = replaced[0] if replaced and inherit else None
+        sources = node_sources(replaced, self.pass_name)
+        names = [n.name for n in replaced]
+        for node in new:
+            if first is not None:
+                for key in COPIED_META:
+                    if key in first.meta and key not in node.meta:
+                        node.meta[key] = first.meta[key]
+            node.meta["from_node"] = list(sources)
+            node.meta["fxpass_provenance"] = provenance_record(
+                rule, self.pass_name, names, location
+            )
+
+    def replace_all_uses(
+        self, node: fx.Node, new: fx.Node, rule: str, *, erase_old: bool = True
+    ) -> None:
+        """Point every user of ``node`` at ``new`` and (by default) erase ``node``."""
+        node.replace_all_uses_with(new)
+        self.notify("replace", rule, [node], [new])
+        if erase_old and not node.users:
+            node.graph.erase_node(node)
+
+    def erase(self, node: fx.Node, rule: str) -> None:
+        """Erase a node that has no users."""
+        self.notify("erase", rule, [node])
+        node.graph.erase_node(node)
+
+
+def allow() -> bool:
+    """:meth:`Editor.allow` for the running pass."""
+    return Editor().allow()
+
+
+def notify(kind: str, rule: str, old: Sequence[fx.Node] = (), new: Sequence[fx.Node] = ()) -> None:
+    """:meth:`Editor.notify` for the running pass."""
+    Editor().notify(kind, rule, old, new)
+
+
+def replace_all_uses(node: fx.Node, new: fx.Node, rule: str, *, erase_old: bool = True) -> None:
+    """:meth:`Editor.replace_all_uses` for the running pass."""
+    Editor().replace_all_uses(node, new, rule, erase_old=erase_old)
+
+
+def erase(node: fx.Node, rule: str) -> None:
+    """:meth:`Editor.erase` for the running pass."""
+    Editor().erase(node, rule)
+
+
+def new_node_meta(new: fx.Node, replaced: Sequence[fx.Node], rule: str, pass_name: str) -> None:
+    """:meth:`Editor.mark_new` for one node, recorded under ``pass_name``."""
+    Editor(pass_name=pass_name).mark_new([new], replaced, rule)

@@ -1,0 +1,247 @@
+"""Every private torch.fx internal fxpass touches, one function each.
+
+torch.fx keeps state that its public API does not expose or exposes only at a cost
+(``Node.args`` copies nothing but ``Node.__setattr__`` re-indexes, ``Graph.erase_node``
+checks what fxpass already knows). fxpass reads and writes that state for speed and for
+exact rollback; doing it only here means a torch upgrade that renames an internal breaks
+one file, and the functions below say what each internal is for.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx
+from torch.fx.graph import _FindNodesLookupTable
+from torch.fx.node import _get_qualified_name, map_arg
+
+__all__ = [
+    "GraphState",
+    "bind_owner",
+    "copy_code_fields",
+    "dead_node_eraser",
+    "default_node_name",
+    "empty_graph_like",
+    "graph_end",
+    "graph_structure",
+    "input_nodes",
+    "is_erased",
+    "last_node",
+    "node_args",
+    "node_kwargs",
+    "nodes_after",
+    "own_graph",
+    "qualified_name",
+    "release_name",
+    "rename_node",
+    "set_args_kwargs",
+    "sort_key",
+]
+
+_set = object.__setattr__
+
+#: Whether a node was erased from its graph.
+is_erased: Callable[[fx.Node], bool] = operator.attrgetter("_erased")
+#: A node's position: torch keeps these keys ordered as the graph's list, through every edit.
+sort_key: Callable[[fx.Node], Any] = operator.attrgetter("_sort_key")
+#: A node's positional arguments, without the copy-free property's overhead.
+node_args: Callable[[fx.Node], tuple] = operator.attrgetter("_args")
+#: A node's keyword arguments, without the property's overhead.
+node_kwargs: Callable[[fx.Node], dict] = operator.attrgetter("_kwargs")
+
+
+def input_nodes(node: fx.Node) -> Any:
+    """The nodes ``node`` reads, as torch's insertion-ordered dict (no list built)."""
+    return node._input_nodes
+
+
+def qualified_name(target: Any) -> str:
+    """torch's ``module.name`` spelling of a call target (``torch.ops.aten.add.Tensor``)."""
+    return _get_qualified_name(target)
+
+
+def default_node_name(graph: fx.Graph, target: Any) -> str:
+    """The name ``graph.create_node`` derives from ``target`` when given none."""
+    return graph._target_to_str(target)
+
+
+def set_args_kwargs(node: fx.Node, args: tuple, kwargs: dict) -> None:
+    """Set a node's arguments and users in one step (what the ``args`` setter does, minus
+    its scan of every argument for raw symbolic values)."""
+    node._update_args_kwargs(args, kwargs)
+
+
+def rename_node(node: fx.Node, name: str) -> None:
+    """Give ``node`` the name ``name`` (or the graph's next free spelling of it)."""
+    node._rename(name)
+
+
+def release_name(graph: fx.Graph, name: str) -> None:
+    """Let a node of ``graph`` take ``name`` again: erased nodes keep their names reserved
+    in the graph's namespace; this releases one (best effort)."""
+    namespace = getattr(graph, "_graph_namespace", None)
+    used = getattr(namespace, "_used_names", None)
+    if isinstance(used, set):
+        used.discard(name)
+
+
+def graph_end(graph: fx.Graph) -> fx.Node:
+    """The sentinel before the first and after the last node (``cursor.append`` from it
+    puts a node first)."""
+    return graph._root
+
+
+def last_node(graph: fx.Graph) -> fx.Node:
+    """The graph's last node, or its end sentinel when it has none (a mark for
+    :func:`nodes_after`)."""
+    return graph._root._prev
+
+
+def nodes_after(graph: fx.Graph, mark: fx.Node) -> list[fx.Node]:
+    """The nodes after ``mark`` to the end of the graph."""
+    out, n, end = [], mark._next, graph._root
+    while n is not end:
+        out.append(n)
+        n = n._next
+    return out
+
+
+def empty_graph_like(graph: fx.Graph) -> fx.Graph:
+    """An empty graph with ``graph``'s tracer class and code generator (which holds e.g.
+    the pytree flattening of an ``ExportedProgram.module()``'s inputs and outputs)."""
+    new = fx.Graph(tracer_cls=graph._tracer_cls)
+    new._codegen = copy.deepcopy(graph._codegen)
+    return new
+
+
+def copy_code_fields(source: fx.Graph, target: fx.Graph) -> None:
+    """Give ``target`` the extra globals ``source``'s generated code refers to."""
+    target._co_fields = dict(getattr(source, "_co_fields", {}))
+
+
+def own_graph(module: Any) -> fx.Graph | None:
+    """A GraphModule's graph as stored, without the ``graph`` property (None if it has none)."""
+    return module.__dict__.get("_graph")
+
+
+def bind_owner(gm: fx.GraphModule) -> None:
+    """Make ``gm`` its graph's owning module again (after the graph's state was restored)."""
+    gm.__dict__["_graph"]._owning_module = gm
+
+
+def graph_structure(graph: fx.Graph) -> list[tuple]:
+    """Every node with its name, op, target and argument objects, for cheap comparison."""
+    return [(n, n.name, n.op, n.target, n._args, n._kwargs) for n in graph.nodes]
+
+
+def _none(_: fx.Node) -> None:
+    return None
+
+
+def dead_node_eraser(graph: fx.Graph) -> Callable[[fx.Node], None] | None:
+    """``graph.erase_node`` without its per-call overhead, for nodes known to be dead.
+
+    It does what ``erase_node`` does (hooks, lookup table, list, argument users) but marks
+    the node erased without ``Node.__setattr__``'s lookup-table round trip. None when this
+    torch's graph internals look different (then use ``erase_node``).
+    """
+    table = getattr(getattr(graph, "_find_nodes_lookup_table", None), "table", None)
+    if table is None or not hasattr(graph, "_len"):
+        return None
+    owner = graph.owning_module
+    hooks = getattr(owner, "_erase_node_hooks", None) if owner is not None else None
+
+    def erase(n: fx.Node) -> None:
+        if hooks:
+            for f in hooks:
+                f(n)
+        table[(n.op, n.target if n.op == "call_function" else None)].pop(n)
+        n._remove_from_list()
+        _set(n, "_erased", True)
+        graph._len -= 1
+        kwargs = n._kwargs
+        n._update_args_kwargs(map_arg(n._args, _none), map_arg(kwargs, _none) if kwargs else {})
+
+    return erase
+
+
+class GraphState:
+    """Everything of a graph and its nodes that a pass can change, restorable into the very
+    same objects: nodes a pass created fall out of the list, nodes it erased are re-linked."""
+
+    __slots__ = ("co_fields", "codegen", "graph", "insert", "length", "namespace", "nodes")
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.nodes = [
+            (
+                n,
+                n.name,
+                n.op,
+                n.target,
+                n.type,
+                n._args,
+                n._kwargs,
+                dict(n._input_nodes),
+                dict(n.users),
+                n.meta,
+                dict(n.meta),
+                n._sort_key,
+                n._repr_fn,
+            )
+            for n in graph.nodes
+        ]
+        ns = graph._graph_namespace
+        self.namespace = (dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count))
+        self.length = graph._len
+        self.insert = graph._insert
+        self.codegen = graph._codegen
+        self.co_fields = dict(getattr(graph, "_co_fields", {}))
+
+    def restore(self) -> None:
+        graph = self.graph
+        root = graph._root
+        table = _FindNodesLookupTable()
+        prev = root
+        for n, *state in self.nodes:
+            _restore_node(n, prev, graph, *state)
+            table.insert(n)
+            prev = n
+        _set(prev, "_next", root)
+        _set(root, "_prev", prev)
+        ns = graph._graph_namespace
+        ns._obj_to_name, ns._used_names, ns._base_count = (
+            dict(self.namespace[0]),
+            set(self.namespace[1]),
+            dict(self.namespace[2]),
+        )
+        graph._len = self.length
+        graph._insert = self.insert
+        graph._codegen = self.codegen
+        graph._co_fields = dict(self.co_fields)
+        graph._find_nodes_lookup_table = table
+
+
+def _restore_node(
+    n, prev, graph, name, op, target, typ, args, kwargs, inputs, users, meta, saved, key, repr_fn
+) -> None:
+    _set(n, "_prev", prev)
+    _set(prev, "_next", n)
+    _set(n, "name", name)
+    _set(n, "op", op)
+    _set(n, "target", target)
+    _set(n, "type", typ)
+    _set(n, "_args", args)
+    _set(n, "_kwargs", kwargs)
+    _set(n, "_input_nodes", inputs)
+    _set(n, "users", users)
+    _set(n, "_sort_key", key)
+    _set(n, "_repr_fn", repr_fn)
+    _set(n, "_erased", False)
+    _set(n, "graph", graph)
+    _set(n, "meta", meta)
+    meta.clear()
+    meta.update(saved)
