@@ -4,16 +4,10 @@ A support object answers ``is_node_supported(submodules, node)`` (torch's
 ``OperatorSupportBase`` interface, so torch's partitioners accept fxpass's objects and fxpass's
 partitioners accept torch's). Build them from
 
-* an op set: :func:`op_support` (``aten.add.Tensor``, a whole packet such as ``aten.add``,
-  ``operator.getitem``, a function, or an ``nn.Module`` type for ``call_module`` nodes);
-* a predicate on the value a node computes (``meta['val']``): :func:`dtype_support`,
-  :func:`shape_support`;
-* any function of the node: :func:`node_support`;
-* named sets: ``pointwise``, ``elementwise``, ``norm``, ``view``, ``getitem``, ``all``, ``none``
-  (see :data:`NAMED_SUPPORTS`);
-
-and compose them with :func:`chain` (all must agree), :func:`any_chain` (any may agree), or
-the operators ``&``, ``|`` and ``~``.
+an op set (:func:`op_support`: ops, packets, functions, ``nn.Module`` types), a predicate on
+``meta['val']`` (:func:`dtype_support`, :func:`shape_support`), any function of the node
+(:func:`node_support`) or a named set (:data:`NAMED_SUPPORTS`: ``pointwise``, ``norm``, ...);
+compose them with :func:`chain`, :func:`any_chain` or the operators ``&``, ``|`` and ``~``.
 
 Ops are matched by the ATen op they are (:func:`fxpass.fxutil.dialect.aten_op`): a support
 written with ``aten.add.Tensor`` accepts ExecuTorch's Edge op ``exir_ops.edge.aten.add.Tensor``
