@@ -2,9 +2,7 @@
 
 A support object answers ``is_node_supported(submodules, node)`` (torch's
 ``OperatorSupportBase`` interface, so torch's partitioners accept fxpass's objects and fxpass's
-partitioners accept torch's). Build them from
-
-an op set (:func:`op_support`: ops, packets, functions, ``nn.Module`` types), a predicate on
+partitioners accept torch's). Build them from an op set (:func:`op_support`: ops, packets, functions, ``nn.Module`` types), a predicate on
 ``meta['val']`` (:func:`dtype_support`, :func:`shape_support`), any function of the node
 (:func:`node_support`) or a named set (:data:`NAMED_SUPPORTS`: ``pointwise``, ``norm``, ...);
 compose them with :func:`chain`, :func:`any_chain` or the operators ``&``, ``|`` and ``~``.
