@@ -27,7 +27,7 @@ from torch.fx.subgraph_rewriter import Match
 from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPatterns
 
 from ..core.context import ChangeEvent, current_context
-from ..rewrite.order import _sort_key
+from ..fxutil.fx import sort_key
 from ..rewrite.rewriter import Rewriter, _between, new_node
 from ._subgraph import InternalMatch, SubgraphMatcher
 
@@ -205,8 +205,8 @@ class _Surgeon:
         for n in match.returning_nodes:
             users.update(n.users)
         if users:
-            return min(users, key=_sort_key)
-        last = max(match.returning_nodes, key=_sort_key)
+            return min(users, key=sort_key)
+        last = max(match.returning_nodes, key=sort_key)
         return last.next
 
     def _copy(self, replacement: Graph, val_map: dict[Node, Any]) -> Any:

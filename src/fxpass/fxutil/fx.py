@@ -19,6 +19,8 @@ from torch.fx.graph import _FindNodesLookupTable
 from torch.fx.node import _get_qualified_name, map_arg
 
 __all__ = [
+    "ARGS_ATTR",
+    "KWARGS_ATTR",
     "GraphState",
     "bind_owner",
     "copy_code_fields",
@@ -39,6 +41,7 @@ __all__ = [
     "rename_node",
     "set_args_kwargs",
     "sort_key",
+    "use_codegen",
 ]
 
 _set = object.__setattr__
@@ -51,6 +54,9 @@ sort_key: Callable[[fx.Node], Any] = operator.attrgetter("_sort_key")
 node_args: Callable[[fx.Node], tuple] = operator.attrgetter("_args")
 #: A node's keyword arguments, without the property's overhead.
 node_kwargs: Callable[[fx.Node], dict] = operator.attrgetter("_kwargs")
+#: The attribute names behind :data:`node_args` / :data:`node_kwargs`, for generated code
+#: (an attribute read inline, without a call).
+ARGS_ATTR, KWARGS_ATTR = "_args", "_kwargs"
 
 
 def input_nodes(node: fx.Node) -> Any:
@@ -115,6 +121,12 @@ def empty_graph_like(graph: fx.Graph) -> fx.Graph:
     new = fx.Graph(tracer_cls=graph._tracer_cls)
     new._codegen = copy.deepcopy(graph._codegen)
     return new
+
+
+def use_codegen(source: fx.Graph, target: fx.Graph, *, copy_it: bool = False) -> None:
+    """Give ``target`` ``source``'s code generator (its own copy with ``copy_it``): the
+    pytree flattening of inputs and outputs an ``ExportedProgram.module()`` has."""
+    target._codegen = copy.deepcopy(source._codegen) if copy_it else source._codegen
 
 
 def copy_code_fields(source: fx.Graph, target: fx.Graph) -> None:

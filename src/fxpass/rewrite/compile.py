@@ -23,6 +23,7 @@ from typing import Any
 from torch.fx import Node
 
 from ..fxutil.dialect import has_dim_order_spelling, is_edge_op
+from ..fxutil.fx import ARGS_ATTR, KWARGS_ATTR
 from ._state import MISSING
 from .arguments import rank
 from .constraint import lit_eq
@@ -240,14 +241,19 @@ class _Gen:
             self.line(ind, f"if {c}.failure({v}, {v}) is not None: {f}")
         if r is None or r.pos_limit >= 0:
             check = f"({rv}.unmentioned or {rv}.pos_limit >= 0) and " if r is None else ""
-            self.line(ind, f"if {check}not _strict_ok({rv}, {v}._args, {v}._kwargs, _lit_eq): {f}")
+            self.line(
+                ind,
+                f"if {check}not _strict_ok({rv}, {v}.{ARGS_ATTR}, {v}.{KWARGS_ATTR}, _lit_eq): {f}",
+            )
         elif r.unmentioned:  # arguments left out must hold their defaults: inline checks
             u = self.local("u")
             for index, name, default in r.unmentioned:
                 d = self.const(default)
-                fetch = f"{v}._kwargs.get({name!r}, {d})"
+                fetch = f"{v}.{KWARGS_ATTR}.get({name!r}, {d})"
                 if index >= 0:
-                    fetch = f"{v}._args[{index}] if len({v}._args) > {index} else {fetch}"
+                    fetch = (
+                        f"{v}.{ARGS_ATTR}[{index}] if len({v}.{ARGS_ATTR}) > {index} else {fetch}"
+                    )
                 self.line(ind, f"{u} = {fetch}")
                 self.line(ind, f"if not ({u} is {d} or _lit_eq({d}, {u})): {f}")
         s.nodes.append(v)
@@ -255,7 +261,7 @@ class _Gen:
         if not children:
             return ind, [], []
         a = self.local("a")
-        self.line(ind, f"{a} = {rv}.getter({v}._args, {v}._kwargs)")
+        self.line(ind, f"{a} = {rv}.getter({v}.{ARGS_ATTR}, {v}.{KWARGS_ATTR})")
 
         def slot(k: int) -> str:
             return f"{a}[{r.child_slot[k]}]" if r is not None else f"{a}[{rv}.child_slot[{k}]]"

@@ -32,10 +32,10 @@ from ..core.contract import Pass, PassResult
 from ..core.errors import NonConvergenceError
 from ..edit.location import short
 from ..fxutil.dialect import spellings
+from ..fxutil.fx import is_erased, sort_key
 from ._state import MatchState
 from .explain import explain, near_misses
 from .match import Matcher, RuleStats
-from .order import _sort_key
 from .rewriter import Rewriter
 from .rule import Rule, as_rule
 
@@ -145,7 +145,7 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
     candidates = _candidates(graph, matcher) if wanted is not None else None
     if candidates is not None:  # the graph's op index hands us the nodes, in graph order
         for node in candidates:
-            if not node._erased:
+            if not is_erased(node):
                 _rewrite_at(node, rw, matcher, st)
         return
     for node in list(graph.nodes):
@@ -159,7 +159,7 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
                     continue
             else:
                 continue
-        if not node._erased:
+        if not is_erased(node):
             _rewrite_at(node, rw, matcher, st)
 
 
@@ -178,7 +178,7 @@ def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
                 found.extend(graph.find_nodes(op="call_function", target=t, sort=False))
     if methods:
         found.extend(n for n in graph.find_nodes(op="call_method") if n.target in methods)
-    found.sort(key=_sort_key)
+    found.sort(key=sort_key)
     return found
 
 
@@ -187,14 +187,14 @@ def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: 
     queued: set[Node] = set(work)
 
     def push(n: Node) -> None:
-        if n not in queued and not n._erased:
+        if n not in queued and not is_erased(n):
             queued.add(n)
             work.append(n)
 
     while work:
         node = work.popleft()
         queued.discard(node)
-        if node._erased:
+        if is_erased(node):
             continue
         match = _rewrite_at(node, rw, matcher, st, track_inputs=True)
         if match is None:
@@ -202,7 +202,7 @@ def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: 
         if rw.rewrites > limit:
             raise _non_convergence(name, limit, matcher)
         for a in match.inputs:  # their users may match now that the region is gone
-            if not a._erased:
+            if not is_erased(a):
                 for u in a.users:
                     push(u)
         for n in rw.created:

@@ -12,16 +12,14 @@ the region's outside users and its last node: its cost follows the region, not t
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 
 from torch import fx
 from torch.fx import Node
 
-__all__ = ["TopoOrder", "find_cycle", "users_before"]
+from ..fxutil.fx import sort_key
 
-#: A node's position: torch's sort key, increasing along the graph.
-_sort_key = operator.attrgetter("_sort_key")
+__all__ = ["TopoOrder", "find_cycle", "users_before"]
 
 
 class TopoOrder:
@@ -33,11 +31,11 @@ class TopoOrder:
         self.graph = graph
 
     def __getitem__(self, node: Node):
-        return node._sort_key
+        return sort_key(node)
 
     def key(self):
         """A sort key function for nodes (graph order)."""
-        return _sort_key
+        return sort_key
 
 
 def find_cycle(order: TopoOrder, region: set[Node], hi=None) -> Node | None:
@@ -45,7 +43,7 @@ def find_cycle(order: TopoOrder, region: set[Node], hi=None) -> Node | None:
 
     ``hi`` is the position of the region's last node (computed when not given).
     """
-    pos = _sort_key
+    pos = sort_key
     if hi is None:
         hi = max(pos(n) for n in region)
     stack = [u for n in region for u in n.users if u not in region and pos(u) < hi]
@@ -69,7 +67,7 @@ def users_before(order: TopoOrder, sources: Iterable[Node], region: set[Node], l
     These must move behind the replacement when it is inserted at ``limit`` (multi-output
     rewrites whose inner output is read before the region's last node). Sorted by position.
     """
-    pos = _sort_key
+    pos = sort_key
     stack = [u for s in sources for u in s.users if u not in region and pos(u) < limit]
     if not stack:
         return []

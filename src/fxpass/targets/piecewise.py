@@ -24,7 +24,6 @@ and in ATen), ``"streams"`` (fxpass's stream and event ops), op overloads or pac
 
 from __future__ import annotations
 
-import copy
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from torch.fx.passes.split_module import split_module
 from ..core.errors import PassFailedError
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
+from ..fxutil.fx import use_codegen
 from ..fxutil.ops import resolve_op
 from ..fxutil.paths import get_path
 from ..ops.stream import STREAM_OPS
@@ -252,7 +252,7 @@ def _split(gm: fx.GraphModule, is_split: Callable[[fx.Node], bool]) -> Piecewise
     if not split_ids:
         return None
     top = split_module(gm, gm, lambda n: ids[n], keep_original_order=True)
-    top.graph._codegen = copy.deepcopy(gm.graph._codegen)  # e.g. pytree in/out of ep.module()
+    use_codegen(gm.graph, top.graph, copy_it=True)  # e.g. pytree in/out of ep.module()
     top.recompile()
     pieces = []
     for node in top.graph.nodes:
@@ -280,7 +280,7 @@ def piecewise(
 # ----- stitching ---------------------------------------------------------------------------------
 def _inline(top: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
-    graph._codegen = top.graph._codegen
+    use_codegen(top.graph, graph)
     env: dict[fx.Node, Any] = {}
     attrs: dict[str, Any] = {}
 
