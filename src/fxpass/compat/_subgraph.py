@@ -19,6 +19,7 @@ from torch import fx
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalMatch
 
+from ..fxutil.fx import pytree_info, set_pytree_info
 from ..rewrite._state import MISSING, MatchState
 from ..rewrite.interpret import Cont
 from ..rewrite.order import TopoOrder, find_cycle
@@ -319,7 +320,6 @@ def _remove_overlapping(matches: list[InternalMatch]) -> list[InternalMatch]:
 
 # ----- name-node maps ---------------------------------------------------------------------
 def _split_to_graph_and_name_node_map(gm: GraphModule) -> tuple[GraphModule, dict[str, Node]]:
-    from torch.fx.graph import _PyTreeInfo
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     name_node_map: dict[str, Node] = {}
@@ -339,10 +339,8 @@ def _split_to_graph_and_name_node_map(gm: GraphModule) -> tuple[GraphModule, dic
                     "Expecting the input graph to have a dict output as the last element"
                 )
             n.args = (flattened,)
-            info = gm._graph._codegen.pytree_info  # type: ignore[attr-defined]
-            gm._graph._codegen.pytree_info = _PyTreeInfo(  # type: ignore[attr-defined]
-                info.orig_args, info.in_spec, out_spec
-            )
+            info = pytree_info(gm.graph)
+            set_pytree_info(gm.graph, info.orig_args, info.in_spec, out_spec)
     gm.recompile()
     return gm, name_node_map
 

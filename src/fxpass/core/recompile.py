@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch import fx
-from torch.fx._lazy_graph_module import _LazyGraphModule
+
+from ..fxutil.fx import is_lazy_module
 
 __all__ = ["DeferredRecompile"]
 
@@ -58,7 +59,7 @@ class DeferredRecompile:
             del self._stale[id(gm)]
             gm.__dict__.pop("forward", None)
             self.recompiles += 1
-            if isinstance(gm, _LazyGraphModule):
+            if is_lazy_module(gm):
                 type(gm).recompile()  # a lazy module regenerates its code when first run
                 return
             # GraphModule's own recompile: _LazyGraphModule (Dynamo) makes it a classmethod

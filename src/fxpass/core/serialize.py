@@ -30,6 +30,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..fxutil.fx import pytree_info, set_pytree_info
 from .errors import FxpassError
 
 __all__ = ["GraphFileError", "load_graph", "save_graph"]
@@ -257,10 +258,8 @@ def _encode_graph(gm: fx.GraphModule, enc: _Encoder, prefix: str = "") -> dict:
             with contextlib.suppress(GraphFileError):
                 entry["type"] = _encode_target(node.type)
         nodes.append(entry)
-    codegen = gm.graph._codegen
     pytree = None
-    if isinstance(codegen, fx.graph._PyTreeCodeGen):
-        info = codegen.pytree_info
+    if (info := pytree_info(gm.graph)) is not None:
         pytree = {
             "orig_args": list(info.orig_args),
             "in_spec": torch.utils._pytree.treespec_dumps(info.in_spec) if info.in_spec else None,
@@ -326,12 +325,11 @@ def _decode_graph(data: dict, tensors: dict[str, torch.Tensor], mode: FakeTensor
     if data.get("pytree"):
         p = data["pytree"]
         load = torch.utils._pytree.treespec_loads
-        graph._codegen = fx.graph._PyTreeCodeGen(
-            fx.graph._PyTreeInfo(
-                p["orig_args"],
-                load(p["in_spec"]) if p["in_spec"] else None,
-                load(p["out_spec"]) if p["out_spec"] else None,
-            )
+        set_pytree_info(
+            graph,
+            p["orig_args"],
+            load(p["in_spec"]) if p["in_spec"] else None,
+            load(p["out_spec"]) if p["out_spec"] else None,
         )
     return fx.GraphModule(root, graph)
 

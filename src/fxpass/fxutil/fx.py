@@ -15,6 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import fx
+from torch.fx._lazy_graph_module import (
+    _LazyGraphModule,
+    _make_graph_module,
+    _use_lazy_graph_module,
+)
 from torch.fx.graph import _FindNodesLookupTable
 from torch.fx.node import _get_qualified_name, map_arg
 
@@ -23,6 +28,7 @@ __all__ = [
     "KWARGS_ATTR",
     "GraphState",
     "bind_owner",
+    "codegen_of",
     "copy_code_fields",
     "dead_node_eraser",
     "default_node_name",
@@ -31,15 +37,19 @@ __all__ = [
     "graph_structure",
     "input_nodes",
     "is_erased",
+    "is_lazy_module",
     "last_node",
+    "make_lazy_module",
     "node_args",
     "node_kwargs",
     "nodes_after",
     "own_graph",
+    "pytree_info",
     "qualified_name",
     "release_name",
     "rename_node",
     "set_args_kwargs",
+    "set_pytree_info",
     "sort_key",
     "use_codegen",
 ]
@@ -127,6 +137,33 @@ def use_codegen(source: fx.Graph, target: fx.Graph, *, copy_it: bool = False) ->
     """Give ``target`` ``source``'s code generator (its own copy with ``copy_it``): the
     pytree flattening of inputs and outputs an ``ExportedProgram.module()`` has."""
     target._codegen = copy.deepcopy(source._codegen) if copy_it else source._codegen
+
+
+def codegen_of(graph: fx.Graph) -> Any:
+    """``graph``'s code generator (an ExportedProgram module's holds its pytree specs)."""
+    return graph._codegen
+
+
+def pytree_info(graph: fx.Graph) -> Any:
+    """The pytree flattening of ``graph``'s inputs and outputs, or None where it has none."""
+    codegen = graph._codegen
+    return codegen.pytree_info if isinstance(codegen, fx.graph._PyTreeCodeGen) else None
+
+
+def set_pytree_info(graph: fx.Graph, orig_args: Any, in_spec: Any, out_spec: Any) -> None:
+    """Flatten ``graph``'s inputs and outputs by these specs (what ``ep.module()`` does)."""
+    graph._codegen = fx.graph._PyTreeCodeGen(fx.graph._PyTreeInfo(orig_args, in_spec, out_spec))
+
+
+def is_lazy_module(gm: Any) -> bool:
+    """Whether ``gm`` is torch's lazily compiled GraphModule (its code made when first run)."""
+    return isinstance(gm, _LazyGraphModule)
+
+
+def make_lazy_module(root: Any, graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule of ``graph`` whose code is generated when first run (as Dynamo's)."""
+    with _use_lazy_graph_module(True):
+        return _make_graph_module(root, graph)
 
 
 def copy_code_fields(source: fx.Graph, target: fx.Graph) -> None:

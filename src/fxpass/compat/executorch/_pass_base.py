@@ -35,7 +35,6 @@ from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx import traceback as fx_traceback
-from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 from torch.fx.graph import CodeGen
 from torch.utils import _pytree as pytree
 
@@ -44,7 +43,13 @@ from ...core.contract import PassResult
 from ...core.errors import PassFailedError
 from ...core.pipeline import Pipeline
 from ...edit.editor import Editor
-from ...fxutil.fx import last_node, nodes_after
+from ...fxutil.fx import (
+    codegen_of,
+    default_node_name,
+    last_node,
+    make_lazy_module,
+    nodes_after,
+)
 from ...interpret import FAKE_RESULTS, InterpreterPass
 from ._values import (
     ProxyValue,
@@ -284,7 +289,7 @@ class ExportPass(InterpreterPass):
         """Run the hooks over ``graph_module`` on ``inputs``; a new module, or the same one
         when every node came out as a copy of itself."""
         saved = {k: self.__dict__.get(k) for k in self._STATE}
-        tracer = self.ExportTracer(self, graph_module.graph._codegen)
+        tracer = self.ExportTracer(self, codegen_of(graph_module.graph))
         tracer.fake_tensor_mode = saved["_tracer"].fake_tensor_mode
         self._tracer = tracer
         self.interpreter = fx.Interpreter(fx.GraphModule(torch.nn.Module(), fx.Graph()))
@@ -296,8 +301,7 @@ class ExportPass(InterpreterPass):
             with fx_traceback.preserve_node_meta():
                 self._run_graph(graph_module, data)
             if self._changed:
-                with _use_lazy_graph_module(True):
-                    new_gm = _make_graph_module(tracer.root, tracer.graph)
+                new_gm = make_lazy_module(tracer.root, tracer.graph)
             else:
                 new_gm = graph_module
             self._validate_symbolic_input_snapshots(graph_module, new_gm)
@@ -502,7 +506,7 @@ class ExportPass(InterpreterPass):
     def _node_name(self, target: Any) -> str | None:
         """The name ExecuTorch asks for (the graph adds a suffix where it is taken)."""
         if isinstance(target, torch._ops.OpOverload):
-            return self._graph._target_to_str(target.overloadpacket.__name__)
+            return default_node_name(self._graph, target.overloadpacket.__name__)
         return None
 
     def _candidate_name(self, target: Any) -> str:
@@ -510,7 +514,7 @@ class ExportPass(InterpreterPass):
         try:
             return _NAMES[target]
         except (KeyError, TypeError):
-            name = self._node_name(target) or self._graph._target_to_str(target)
+            name = self._node_name(target) or default_node_name(self._graph, target)
         with suppress(TypeError):
             _NAMES[target] = name
         return name
