@@ -81,26 +81,8 @@ def _capture(name: str, ir: str) -> tuple[Any, list, list[torch.Tensor]]:
         return EXPORTED[name](ir == "export_aten"), list(args), expected
     if ir not in IRS:
         raise ValueError(f"unknown ir {ir!r}; choose from {IRS}")
-    graphs: list[torch.fx.GraphModule] = []
-    real: list[list] = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    def backend(gm, example_inputs):  # Dynamo hands its backend real example inputs
-        real.append(list(example_inputs))
-        if ir == "dynamo":
-            return keep(gm, example_inputs)
-        from torch._dynamo.backends.common import aot_autograd
-
-        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(*args)
-    torch._dynamo.reset()
-    return graphs[-1], real[0], expected
+    gm, real = dynamo_capture(model, args, ir)
+    return gm, real, expected
 
 
 class Captured:
@@ -131,3 +113,28 @@ class Captured:
 
 def captured(name: str, ir: str) -> Captured:
     return Captured(name, ir)
+
+
+def dynamo_capture(model: Any, args: Any, ir: str) -> tuple[torch.fx.GraphModule, list]:
+    """The last graph ``torch.compile`` hands its backend — Dynamo's (``ir="dynamo"``) or
+    AOTAutograd's forward (``"aot"``) — and the real example inputs Dynamo passed."""
+    graphs: list[torch.fx.GraphModule] = []
+    real: list[list] = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def backend(gm, example_inputs):  # Dynamo hands its backend real example inputs
+        real.append(list(example_inputs))
+        if ir == "dynamo":
+            return keep(gm, example_inputs)
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(*args)
+    torch._dynamo.reset()
+    return graphs[-1], real[0]

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch._functorch.config
 import torch._inductor.config
+from _captures import dynamo_capture
 from torch import nn
 
 import fxpass as fp
@@ -218,29 +219,10 @@ def _capture(factory, ir: str, dtype):
         return ep, args
     if ir not in ("dynamo", "aot"):
         raise ValueError(ir)
-    graphs = []
-    real = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    def dynamo(gm, example_inputs):  # Dynamo hands its backend real example inputs
-        real.append(list(example_inputs))
-        if ir == "dynamo":
-            return keep(gm, example_inputs)
-        from torch._dynamo.backends.common import aot_autograd
-
-        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=dynamo, fullgraph=True, dynamic=False)(*args)
-    torch._dynamo.reset()
-    gm = graphs[-1]
+    gm, real_inputs = dynamo_capture(model, args, ir)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    assert len(placeholders) == len(real[0]), "AOT graph inputs are not Dynamo's inputs"
-    return gm, real[0]
+    assert len(placeholders) == len(real_inputs), "AOT graph inputs are not Dynamo's inputs"
+    return gm, real_inputs
 
 
 class Captured:
