@@ -14,7 +14,7 @@ pipeline run every change is allowed and nobody is told.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import fx
@@ -26,6 +26,7 @@ from .provenance import COPIED_META, node_sources, provenance_record
 __all__ = ["Editor", "allow", "erase", "new_node_meta", "notify", "replace_all_uses"]
 
 _CURRENT: Any = object()
+_NO_VALUE: Any = object()
 
 
 class Editor:
@@ -101,6 +102,87 @@ class Editor:
         """Erase a node that has no users."""
         self.notify("erase", rule, [node])
         node.graph.erase_node(node)
+
+    def insert(
+        self,
+        target: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        rule: str,
+        origin: Sequence[fx.Node],
+        before: fx.Node | None = None,
+        after: fx.Node | None = None,
+        op: str = "call_function",
+        name: str | None = None,
+        val: Any = _NO_VALUE,
+        inherit: bool = True,
+    ) -> fx.Node:
+        """Create one node right ``before`` or ``after`` an anchor and tell the run.
+
+        ``origin`` names the nodes the new one stands for or serves (a fused op's replaced
+        nodes, the matmul whose output a collective reduces, the producer whose event a
+        stream op records): they become its ``from_node`` and provenance, and (``inherit``)
+        it takes the first one's source metadata. ``val`` sets ``meta['val']``.
+
+        >>> editor.insert(aten.relu.default, (x,), rule="my_rule", origin=[x], after=x)  # doctest: +SKIP
+        """
+        if (before is None) == (after is None):
+            raise ValueError("Editor.insert: give exactly one of before= or after=")
+        if not origin:
+            raise ValueError(
+                "Editor.insert: origin= must name at least one node the new node stands for "
+                "(it becomes the node's from_node)"
+            )
+        anchor = before if before is not None else after
+        graph = anchor.graph
+        where = (
+            graph.inserting_before(before) if before is not None else graph.inserting_after(after)
+        )
+        with where:
+            node = graph.create_node(op, target, tuple(args), dict(kwargs or {}), name=name)
+        if val is not _NO_VALUE:
+            node.meta["val"] = val
+        self.mark_new([node], origin, rule, inherit=inherit)
+        self.notify("insert", rule, origin, [node])
+        return node
+
+    def set_args(
+        self,
+        node: fx.Node,
+        args: tuple[Any, ...] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        rule: str,
+    ) -> None:
+        """Give ``node`` new arguments (``None`` keeps the old ones)."""
+        if args is not None:
+            node.args = tuple(args)
+        if kwargs is not None:
+            node.kwargs = dict(kwargs)
+        self.notify("modify", rule, [node], [node])
+
+    def replace_input(self, node: fx.Node, old: fx.Node, new: fx.Node, *, rule: str) -> None:
+        """Make ``node`` read ``new`` wherever it read ``old``."""
+        node.replace_input_with(old, new)
+        self.notify("modify", rule, [node, old], [node, new])
+
+    def move(
+        self,
+        node: fx.Node,
+        *,
+        before: fx.Node | None = None,
+        after: fx.Node | None = None,
+        rule: str,
+    ) -> None:
+        """Move ``node`` right ``before`` or ``after`` another node of its graph."""
+        if (before is None) == (after is None):
+            raise ValueError("Editor.move: give exactly one of before= or after=")
+        if before is not None:
+            before.prepend(node)
+        else:
+            after.append(node)
+        self.notify("modify", rule, [node], [node])
 
 
 def allow() -> bool:
