@@ -140,8 +140,10 @@ def _digest_object(obj: Any, h: Any, seen: set[int], package: str) -> None:
         h.update(f"opaque {getattr(obj, '__qualname__', type(obj).__name__)}\n".encode())
         return
     h.update(_code_digest(code).encode())
-    h.update(stable_text(getattr(obj, "__defaults__", None)).encode())
-    h.update(stable_text(getattr(obj, "__kwdefaults__", None)).encode())
+    defaults = getattr(obj, "__defaults__", None) or ()
+    kwdefaults = getattr(obj, "__kwdefaults__", None) or {}
+    for value in (*defaults, *(kwdefaults[k] for k in sorted(kwdefaults))):
+        _digest_dependency(value, h, seen, package)
     for cell in getattr(obj, "__closure__", None) or ():
         try:
             value = cell.cell_contents
@@ -167,6 +169,9 @@ def _digest_dependency(value: Any, h: Any, seen: set[int], package: str) -> None
         h.update(stable_text(value).encode())
     elif isinstance(value, Pass):
         h.update(pass_uuid(value).encode())
+    else:  # an object (a default argument, a helper instance): its class, not its state
+        h.update(f"object {type(value).__module__}.{type(value).__qualname__}\n".encode())
+        _digest_dependency(type(value), h, seen, package)
 
 
 def _is_simple(value: Any) -> bool:
@@ -276,14 +281,23 @@ def graph_hash(gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None) -
     return h.hexdigest()
 
 
-def _hash_module(gm: fx.GraphModule, h: Any) -> None:
+def structure_hash(gm: fx.GraphModule) -> str:
+    """:func:`graph_hash` without the nodes' fake values: what a saved graph must still be
+    when it is loaded again (its fake values are made anew)."""
+    h = hashlib.sha256()
+    _hash_module(gm, h, values=False)
+    return h.hexdigest()
+
+
+def _hash_module(gm: fx.GraphModule, h: Any, values: bool = True) -> None:
     index: dict[fx.Node, int] = {}
     for i, node in enumerate(gm.graph.nodes):
         index[node] = i
         args = fx.node.map_arg((node.args, node.kwargs), lambda n: _NodeRef(index[n]))
-        val = node.meta.get("val", node.meta.get("example_value"))
         line = f"{node.op}|{node.name}|{_target_text(node.target)}|{stable_text(args)}"
-        h.update(f"{line}|{_value_text(val)}\n".encode())
+        if values:
+            line += "|" + _value_text(node.meta.get("val", node.meta.get("example_value")))
+        h.update(f"{line}\n".encode())
     for name, tensor in sorted(
         [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)],
         key=lambda item: item[0],
@@ -295,7 +309,7 @@ def _hash_module(gm: fx.GraphModule, h: Any) -> None:
     for name, child in gm.named_children():
         if isinstance(child, fx.GraphModule):
             h.update(f"module {name}\n".encode())
-            _hash_module(child, h)
+            _hash_module(child, h, values)
 
 
 class UnhashableGraph(ValueError):
