@@ -51,7 +51,7 @@ from .report import Report
 from .serialize import GraphFileError, load_graph, save_graph
 from .version import __version__
 
-__all__ = ["CacheMiss", "PipelineCache", "ReportStore", "replace_graph"]
+__all__ = ["CacheMiss", "PipelineCache", "ReportStore", "metadata_only", "replace_graph"]
 
 FORMAT = "fxpass-pipeline-cache"
 VERSION = 1
@@ -92,12 +92,12 @@ class PipelineCache:
         ranges: Any = None,
     ) -> str | CacheMiss:
         """The key of running ``pipeline`` on ``gm`` (a :class:`CacheMiss` when the run
-        cannot be cached). Real sample-input tensors count by content when a pass of the
-        pipeline is a lowering pass (it reads them), else by shape, dtype and strides."""
-        reads_inputs = _has_lowering(pipeline)
+        cannot be cached). Real sample-input tensors count by content (lowering passes and
+        the weights of an ExportedProgram are read through them); fake ones by shape,
+        dtype and strides — a target hands :func:`metadata_only` stand-ins for inputs
+        whose content no pass can read."""
         try:
-            inputs = sample_inputs if reads_inputs else _metadata_only(sample_inputs)
-            graph = graph_hash(gm, inputs)
+            graph = graph_hash(gm, sample_inputs)
         except UnhashableGraph as e:
             return CacheMiss(f"not cached: {e}")
         disabled = sorted({p.name for p in _tree(pipeline) if not REGISTRY.is_enabled(p.name)})
@@ -141,6 +141,7 @@ class PipelineCache:
             return CacheMiss(f"ignored the cache entry {meta_file.name}: {_why(e)}")
         if meta["modified"]:
             replace_graph(gm, cached)
+            gm.recompile()
         self.hits += 1
         report = Report.from_dict(meta["report"])
         report.cached = f"the fxpass cache {self.path}"
@@ -237,19 +238,16 @@ def _tree(p: Pass) -> list[Pass]:
     return out
 
 
-def _has_lowering(pipeline: Pipeline) -> bool:
-    return any(getattr(p, "lowering", False) for p in _tree(pipeline))
-
-
-def _metadata_only(values: Sequence[Any] | None) -> list[Any] | None:
-    """Real tensors as meta tensors of the same shape, dtype and strides (their content
-    does not decide the result of passes that do not read sample inputs)."""
+def metadata_only(values: Sequence[Any] | None) -> list[Any] | None:
+    """Real tensors as meta tensors of the same shape, dtype and strides: what stands for
+    inputs whose content cannot decide a pipeline's result in a cache key."""
     if values is None:
         return None
     out = []
     for v in values:
         if isinstance(v, torch.Tensor) and not isinstance(v, torch._subclasses.FakeTensor):
-            v = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+            meta = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+            v = meta.requires_grad_(v.requires_grad)
         out.append(v)
     return out
 
@@ -346,7 +344,8 @@ def replace_graph(gm: fx.GraphModule, new: fx.GraphModule) -> None:
     """Make ``gm.graph`` hold ``new``'s nodes, and ``gm`` the tensors and modules they read.
 
     The graph object stays the same (Inductor keeps using it, and a GraphModule's users hold
-    it); this is a restore, not a pass, so it edits the graph below the editor."""
+    it); this is a restore, not a pass, so it edits the graph below the editor. The
+    module's code is not regenerated (the caller does, when it runs the module)."""
     graph = gm.graph
     for node in reversed(list(graph.nodes)):  # users go before the nodes they read
         graph.erase_node(node)
@@ -364,7 +363,6 @@ def replace_graph(gm: fx.GraphModule, new: fx.GraphModule) -> None:
         current = find_path(gm, target)
         if value is not None and not _same_tensor(current, value):
             _set_path(gm, target, value, current)
-    gm.recompile()
 
 
 def _set_path(gm: fx.GraphModule, target: str, value: Any, current: Any) -> None:

@@ -72,8 +72,11 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
 def run_label(name: str, where: Mapping[str, str] | None = None) -> str:
     """``fusion`` + ``{"hook": "post_grad", "graph": "forward"}`` -> ``fusion_post_grad_forward``:
     what names a run's artifacts (letters, digits and ``_`` only: tlparse makes files of them)."""
-    parts = [name, *(str(v) for k, v in (where or {}).items() if k != "pipeline")]
-    return _UNSAFE.sub("_", "_".join(p for p in parts if p)).strip("_") or "pipeline"
+    parts: list[str] = []
+    for part in (name, *(str(v) for k, v in (where or {}).items() if k != "pipeline")):
+        if part and part not in parts:  # a pipeline named for its hook says it once
+            parts.append(part)
+    return _UNSAFE.sub("_", "_".join(parts)).strip("_") or "pipeline"
 
 
 class StructuredTrace(Instrumentation):

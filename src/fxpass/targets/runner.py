@@ -74,13 +74,15 @@ class Runner:
         *,
         debug_counter: DebugCounter | None = None,
         key_inputs: Sequence[Any] | None = None,
+        where: Mapping[str, str] | None = None,
     ) -> PassResult:
         """Run the pipeline on ``gm`` (or restore its cached result) and keep its report.
 
         ``key_inputs`` stand for ``sample_inputs`` in the cache key (a target passes
-        metadata-only stand-ins for inputs whose values cannot matter)."""
+        metadata-only stand-ins for inputs whose values cannot matter); ``where`` adds to
+        the report's labels for this run (e.g. ``{"graph": "backward"}``)."""
         pipeline = self.pipeline
-        where = self._where(pipeline)
+        where = {**self._where(pipeline), **(where or {})}
         key: Any = None
         miss = CacheMiss("")
         if self.cache is not None and debug_counter is None:  # a bisection must run
