@@ -170,7 +170,7 @@ def plan_ranges(cr: CompileRanges, gm: fx.GraphModule, inputs: Sequence[Any]) ->
         if reader is not None:
             readers[name] = reader
             choices[name] = ranges
-            uncovered |= not _covers_all(ranges)
+            uncovered |= not _covers_all(ranges, _smallest(reader, placeholders, inputs))
         elif static is not None:
             choices[name] = (SizeRange(static, static),)
         else:
@@ -185,9 +185,21 @@ def plan_ranges(cr: CompileRanges, gm: fx.GraphModule, inputs: Sequence[Any]) ->
     return RangePlan(combos if choices else [{}], readers, fallback, notes)
 
 
-def _covers_all(ranges: Sequence[SizeRange]) -> bool:
-    """Whether the sorted ``ranges`` leave no size from 0 up out."""
-    end = -1
+def _smallest(reader: _Reader, placeholders: list[fx.Node], inputs: Sequence[Any]) -> int:
+    """The smallest value the symbolic size can take: Dynamo compiles sizes 0 and 1 apart
+    (a size it made symbolic is at least 2) unless the size is unbacked."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    value = inputs[reader.index]
+    if reader.dim is not None:
+        val = placeholders[reader.index].meta.get("example_value")
+        value = val.shape[reader.dim] if isinstance(val, torch.Tensor) else value
+    return 0 if isinstance(value, torch.SymInt) and free_unbacked_symbols(value) else 2
+
+
+def _covers_all(ranges: Sequence[SizeRange], start: int = 0) -> bool:
+    """Whether the sorted ``ranges`` leave no size from ``start`` up out."""
+    end = start - 1
     for r in ranges:
         if r.lo > end + 1:
             return False
