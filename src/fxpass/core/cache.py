@@ -265,11 +265,16 @@ def _check_inputs(cached: fx.GraphModule, gm: fx.GraphModule) -> None:
 
 
 def _fake_mode(gm: fx.GraphModule) -> Any:
-    """The fake mode of ``gm``'s inputs' example values (None: they have none)."""
-    from torch._guards import detect_fake_mode
+    """The fake mode of ``gm``'s example values (None: it has none). Read from the values
+    themselves: inside a compile the tracing context may hold another mode."""
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    vals = [node_val(n) for n in gm.graph.find_nodes(op="placeholder")]
-    return detect_fake_mode([v for v in vals if v is not None])
+    for node in gm.graph.nodes:
+        val = node_val(node)
+        for v in val if isinstance(val, (tuple, list)) else (val,):
+            if isinstance(v, FakeTensor):
+                return v.fake_mode
+    return None
 
 
 def _revalue(cached: fx.GraphModule, gm: fx.GraphModule, mode: Any) -> None:

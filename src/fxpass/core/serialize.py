@@ -58,13 +58,15 @@ def _encode_target(target: Any) -> Any:
         return {"hop": target.name()}
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
-    if name and module.split(".")[0] in _SAFE_MODULE_ROOTS:
-        ref = f"{module}:{name}"
-        try:
-            if _resolve_callable(ref) is target:
-                return {"py": ref}
-        except Exception:
-            pass
+    # C functions of torch's namespace (torch.conv2d) give a class as their qualname
+    short = getattr(target, "__name__", None)
+    if module.split(".")[0] in _SAFE_MODULE_ROOTS:
+        for ref in dict.fromkeys(f"{module}:{n}" for n in (name, short) if n):
+            try:
+                if _resolve_callable(ref) is target:
+                    return {"py": ref}
+            except Exception:
+                pass
     raise GraphFileError(
         f"cannot save a call to {target!r}: only torch ops and functions from torch, operator, "
         "math and builtins can be saved; export the model (torch.export) to get an ATen graph"

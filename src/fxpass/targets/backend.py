@@ -129,7 +129,9 @@ class FxpassBackend:
 
     ``reports`` holds the report of every pipeline run (``reports_for(name)``: those of one
     named pipeline), ``compiles`` counts the graphs Dynamo handed over (one per compilation
-    and recompilation), ``runners`` maps each pipeline's name to its runner.
+    and recompilation), ``runners`` maps each pipeline's name to its runner, and
+    ``dispatches`` holds the range dispatchers of graphs compiled per range (``.calls``:
+    how many calls each range served).
     """
 
     __name__ = "fxpass"
@@ -155,6 +157,7 @@ class FxpassBackend:
             for p in settings.placements()
         }
         self.compiles = 0
+        self.dispatches: list[RangeDispatch] = []
         self._inductor_reports = InductorReports(self.reports)
 
     @property
@@ -212,7 +215,9 @@ class FxpassBackend:
             fallback = self._compile_for(_copy(gm), inputs, plan.fallback)
         if not plan.readers:  # static sizes: one compile, nothing to choose at run time
             return entries[0][1]
-        return RangeDispatch(plan.readers, entries, fallback)
+        dispatch = RangeDispatch(plan.readers, entries, fallback)
+        self.dispatches.append(dispatch)
+        return dispatch
 
     def _compile_for(self, gm: fx.GraphModule, inputs: list[Any], ranges: Ranges | None):
         scope = compile_range(ranges) if ranges else contextlib.nullcontext()
