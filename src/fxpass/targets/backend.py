@@ -64,7 +64,9 @@ __all__ = ["FxpassBackend", "backend", "fxpass_backend"]
 
 IRS = ("aten", "dynamo")
 COMPILERS = ("inductor", "eager")
-_OWN_OPTIONS = ("pipeline", "pipelines", "ir", "compiler", "split_at", "hook", "ranges", "cache")
+_OWN_OPTIONS = (
+    "pipeline", "pipelines", "ir", "compiler", "split_at", "hook", "ranges", "dims", "cache",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -197,8 +199,10 @@ class FxpassBackend:
             own["pipelines"] = tuple(placements(own["pipelines"]))
         elif "pipeline" in own:
             own["pipelines"] = None
+        if "dims" in own and "ranges" not in own:
+            raise ValueError("the dims option says where the sizes of ranges are: give ranges too")
         if "ranges" in own:
-            own["ranges"] = _as_ranges(own["ranges"], None)
+            own["ranges"] = _as_ranges(own["ranges"], own.pop("dims", None))
         s = self.settings
         settings = replace(s, **own, mode=mode or s.mode, options={**s.options, **options})
         fresh = {"pipeline", "pipelines", "cache", "ir", "compiler", "hook"} & set(own)

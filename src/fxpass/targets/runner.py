@@ -83,18 +83,10 @@ class Runner:
         the report's labels for this run (e.g. ``{"graph": "backward"}``)."""
         pipeline = self.pipeline
         where = {**self._where(pipeline), **(where or {})}
-        key: Any = None
-        miss = CacheMiss("")
-        if self.cache is not None and debug_counter is None:  # a bisection must run
-            inputs = sample_inputs if key_inputs is None else key_inputs
-            key = self.cache.key(pipeline, gm, inputs, ranges=current_range())
-            if not isinstance(key, CacheMiss):
-                hit = self.cache.restore(key, gm)
-                if not isinstance(hit, CacheMiss):
-                    return self._cached(gm, *hit, where)
-                miss = hit
-            else:
-                miss, key = key, None
+        inputs = sample_inputs if key_inputs is None else key_inputs
+        key, miss, hit = self._lookup(pipeline, gm, inputs, debug_counter)
+        if hit is not None:
+            return self._cached(gm, *hit, where)
         instruments = list(self.instrument)
         if tracing():
             instruments.append(StructuredTrace(run_label(where.get("pipeline", ""), where)))
@@ -112,6 +104,21 @@ class Runner:
                 report.root.notes.append(miss.reason)
             self.reports.append(report)
         return result
+
+    def _lookup(self, pipeline: Pipeline, gm: fx.GraphModule, inputs: Any, debug_counter: Any):
+        """(the key to keep the result under or None, why the cache gave nothing, what it
+        gave or None)."""
+        if self.cache is None or debug_counter is not None:  # a bisection must run the passes
+            return None, CacheMiss(""), None
+        key = self.cache.key(pipeline, gm, inputs, ranges=current_range())
+        if isinstance(key, CacheMiss):
+            return None, key, None
+        if self.instrument:  # they watch the passes run; the result is kept for later runs
+            return key, CacheMiss("not restored from the cache: instruments are attached"), None
+        hit = self.cache.restore(key, gm)
+        if isinstance(hit, CacheMiss):
+            return key, hit, None
+        return key, CacheMiss(""), hit
 
     def _where(self, pipeline: Pipeline) -> dict[str, str]:
         where = dict(self.where)
