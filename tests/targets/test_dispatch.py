@@ -26,6 +26,7 @@ def _ops(gm: torch.fx.GraphModule) -> list[str]:
 
 @pytest.mark.parametrize("ir", ["dynamo", "aten"])
 def test_two_ranges_differ_exactly_by_the_range_limited_pass(ir):
+    """The same for Dynamo's graph and for the ATen graphs AOTAutograd hands a compiler."""
     model = convnet()
     graphs: list[torch.fx.GraphModule] = []
 
