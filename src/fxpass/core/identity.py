@@ -294,7 +294,10 @@ def _hash_module(gm: fx.GraphModule, h: Any, values: bool = True) -> None:
     for i, node in enumerate(gm.graph.nodes):
         index[node] = i
         args = fx.node.map_arg((node.args, node.kwargs), lambda n: _NodeRef(index[n]))
-        line = f"{node.op}|{node.name}|{_target_text(node.target)}|{stable_text(args)}"
+        text = repr(args)  # plain data prints the same in every process ...
+        if " at 0x" in text or " object>" in text:  # ... objects by address do not
+            text = stable_text(args)
+        line = f"{node.op}|{node.name}|{_target_text(node.target)}|{text}"
         if values:
             line += "|" + _value_text(node.meta.get("val", node.meta.get("example_value")))
         h.update(f"{line}\n".encode())
