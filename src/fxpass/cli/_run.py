@@ -75,8 +75,11 @@ def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
     return run_graph_promoted(program, user_inputs(target))
 
 
-def apply_pipeline(target: Target, pipeline: Any, instrument: list[Any]) -> ApplyResult:
-    """Run ``pipeline`` on the target through ``fxpass.apply`` (same kind in, same kind out)."""
+def apply_pipeline(
+    target: Target, pipeline: Any, instrument: list[Any], cache: str | None = None
+) -> ApplyResult:
+    """Run ``pipeline`` on the target through ``fxpass.apply`` (same kind in, same kind out);
+    ``cache`` is a pipeline cache folder (``--cache``)."""
     from ..targets.apply import apply
 
-    return apply(target.program, pipeline, target.args, instrument=instrument)
+    return apply(target.program, pipeline, target.args, instrument=instrument, cache=cache)

@@ -176,11 +176,13 @@ def _print_changes(out, changes: list, modified: bool) -> None:
               help="Write the HTML report with pictures of each change.")  # fmt: skip
 @click.option("--reproducer", type=click.Path(file_okay=False), default=None,
               help="On failure, write a reproducer folder under this folder.")  # fmt: skip
+@click.option("--cache", "cache", type=click.Path(file_okay=False), default=None,
+              help="Keep the result in this folder; a later run restores it without the passes.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @_tolerances
 @import_option
 def run(target, spec, output, print_after_change, print_after_all, timing, statistics,
-        verify, html, reproducer, as_json, rtol, atol, imports) -> None:  # fmt: skip
+        verify, html, reproducer, cache, as_json, rtol, atol, imports) -> None:  # fmt: skip
     """Run a pipeline on TARGET: print what each pass did, optionally verify and save.
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
@@ -228,7 +230,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
 
         instruments.append(CrashReproducer(reproducer, imports=imports))
     try:
-        result = apply_pipeline(t, pipeline, instruments)
+        result = apply_pipeline(t, pipeline, instruments, cache)
     except PassFailedError as e:
         report = getattr(e, "report", None)
         if as_json:

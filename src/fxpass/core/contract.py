@@ -64,13 +64,16 @@ class Hooks:
     * ``parse(spec, registry)`` builds a pipeline from spec text (installed by
       :mod:`fxpass.core.spec`; ``Pipeline.parse`` calls it);
     * ``enabled(name)`` says whether a pass may run; a run copies it into its context
-      (installed by :mod:`fxpass.core.registry`: its ``enable``/``disable``).
+      (installed by :mod:`fxpass.core.registry`: its ``enable``/``disable``);
+    * ``requirements(pipeline)`` raises when a pass needs another before or after it that
+      the pipeline does not run there (installed by :mod:`fxpass.core.requirements`).
     """
 
     run_alone: Callable[..., PassResult] | None = None
     by_name: Callable[[str], Pass] | None = None
     parse: Callable[[str, Any], Any] | None = None
     enabled: Callable[[str], bool] = lambda name: True
+    requirements: Callable[[Any], None] = lambda pipeline: None
 
 
 #: The one set of hooks (see :class:`Hooks`).

@@ -46,6 +46,7 @@ from .errors import (
 from .instrument import Instrumentation
 from .options import Option, Range
 from .order import topological_order
+from .ranges import range_skip
 from .recompile import DeferredRecompile
 from .report import PassRecord, Report
 from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
@@ -108,6 +109,8 @@ class Pipeline(Pass):
     """
 
     name = "pipeline"
+    #: a pass called on its own (``pass(gm)``): what it needs may have run earlier
+    _alone = False
 
     def __init__(
         self,
@@ -207,11 +210,13 @@ class Pipeline(Pass):
 
     # ----- text -------------------------------------------------------------------------
     @classmethod
-    def parse(cls, spec: str, registry: Any = None) -> Pipeline:
-        """Build a pipeline from text, e.g. ``"remove_assert_ops,fixpoint(cse,dce)"``."""
+    def parse(cls, spec: str, registry: Any = None, *, insert_required: bool = False) -> Pipeline:
+        """Build a pipeline from text, e.g. ``"remove_assert_ops,fixpoint(cse,dce)"``;
+        ``insert_required`` inserts the passes the spec's passes need but it lacks (see
+        :mod:`fxpass.core.requirements`)."""
         if hooks.parse is None:  # pragma: no cover - fxpass.core imports the spec reader
             raise RuntimeError("import fxpass before parsing a pipeline spec")
-        return hooks.parse(spec, registry)
+        return hooks.parse(spec, registry, insert_required=insert_required)
 
     @property
     def body_spec(self) -> str:
@@ -266,6 +271,8 @@ class Pipeline(Pass):
         if outer is not None:  # called from inside a pass of another run: join it
             new_gm, modified = self._run_nested(gm, outer, None)
             return PassResult(new_gm, modified)
+        if not self._alone:
+            hooks.requirements(self)  # passes that need others before or after them
         instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
         ctx = PassContext(
             sample_inputs=sample_inputs,
@@ -446,9 +453,11 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         record = PassRecord(name=p.name, spec=p.spec, nodes_before=len(gm.graph.nodes))
         if parent is not None:
             parent.children.append(record)
-    if not ctx.enabled(p.name):
+    skipped = "disabled in the registry" if not ctx.enabled(p.name) else range_skip(p)
+    if skipped is not None:
         record.status = "skipped"
-        record.notes = ["disabled in the registry"]
+        record.notes = [skipped]
+        record.nodes_after = record.nodes_before
         return (gm, False, record) if keep else (gm, False)
     state = ctx._run
     before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
@@ -565,7 +574,9 @@ def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
 
 def _run_alone(p: Pass, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
     """``p(gm)``: the pass as a one-pass pipeline (honest "modified", rollback, one recompile)."""
-    return Pipeline([p], name=p.name).run(gm, sample_inputs, **kw)
+    pipe = Pipeline([p], name=p.name)
+    pipe._alone = True
+    return pipe.run(gm, sample_inputs, **kw)
 
 
 hooks.run_alone = _run_alone

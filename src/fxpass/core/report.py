@@ -77,6 +77,13 @@ class Report:
     root: PassRecord
     suppressed: list[str] = field(default_factory=list)
     error: str | None = None
+    #: where the run happened, set by the target: the pipeline's name, the hook, the graph
+    #: (forward, backward, ...) and the compile range
+    where: dict[str, str] = field(default_factory=dict)
+    #: empty when the passes ran; else what gave the result without running them (an
+    #: fxpass pipeline cache, Inductor's cache) — the records are those of the run that
+    #: filled it
+    cached: str = ""
 
     @property
     def spec(self) -> str:
@@ -121,6 +128,8 @@ class Report:
             "modified": self.modified,
             "error": self.error,
             "suppressed": list(self.suppressed),
+            "where": dict(self.where),
+            "cached": self.cached,
             "root": self.root.to_dict(),
         }
 
@@ -133,6 +142,8 @@ class Report:
             root=PassRecord.from_dict(data["root"]),
             suppressed=list(data.get("suppressed", ())),
             error=data.get("error"),
+            where=dict(data.get("where", {})),
+            cached=data.get("cached", ""),
         )
 
     def table(self) -> Table:
@@ -170,8 +181,21 @@ class Report:
         return table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield Text(f"pipeline: {self.spec or self.root.name}", style="bold")
+        head = Text(f"pipeline: {self.spec or self.root.name}", style="bold")
+        if self.where:
+            head.append("  " + " ".join(f"{k}={v}" for k, v in self.where.items()), style="dim")
+        yield head
+        if self.cached:
+            yield Text(
+                f"cached: the passes did not run; the result came from {self.cached} "
+                "(the records below are from the run that filled it)",
+                style="cyan",
+            )
         yield self.table()
+        for _, rec in self.root.walk():
+            if rec.status == "skipped":
+                for note in rec.notes:
+                    yield Text(f"skipped: {rec.name}: {note}", style="dim")
         for line in self.suppressed:
             yield Text(f"suppressed: {line}", style="yellow")
         for _, rec in self.root.walk():

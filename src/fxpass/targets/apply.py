@@ -58,6 +58,7 @@ def apply(
     *,
     instrument: Iterable[Any] = (),
     debug_counter: DebugCounter | None = None,
+    cache: Any = None,
 ) -> ApplyResult:
     """Run ``pipeline`` on ``target`` and return an :class:`ApplyResult` of the same kind.
 
@@ -66,8 +67,12 @@ def apply(
     is a new program whose graph signature, state dict and constants match the new graph
     (the same program when nothing changed). For an ExportedProgram, ``sample_inputs`` are
     its user inputs (default: ``ep.example_inputs``).
+
+    ``cache`` (a folder or :class:`~fxpass.core.cache.PipelineCache`) restores the result of
+    an earlier run on the same graph with the same pipeline without running the passes
+    (``result.report.cached`` says so), and keeps this run's result otherwise.
     """
-    runner = Runner(resolve_pipeline(pipeline), instrument=instrument)
+    runner = Runner(resolve_pipeline(pipeline), instrument=instrument, cache=cache)
     if isinstance(target, torch.export.ExportedProgram):
         program, result = run_on_program(target, runner, sample_inputs, debug_counter=debug_counter)
         return ApplyResult(program, program.graph_module, result.modified, result.report)
