@@ -5,7 +5,7 @@ a GPU (a wait missing, an event recorded before the kernel it should cover, a te
 while another stream still reads it) computes the right numbers anyway. Inside
 :func:`stream_debug`, every kernel is queued on the stream that is current when it is
 issued instead of running at once; it returns a tensor of the right layout that is
-*unwritten* (NaN, or zeros for integers) until its kernel runs. Queued work runs only when
+*unwritten* (NaN; -1 for integers, True for masks) until its kernel runs. Queued work runs only when
 something forces it, in the most unfavourable order the events allow:
 
 * ``hold="side"`` (default): the main stream runs as soon as work is issued; a side stream's
@@ -33,13 +33,14 @@ is listed in :attr:`StreamDebug.stale_reads`.
 ['aten.scaled_dot_product_attention.default (stream 0) read what aten.clone.default
   (stream 1) had not written yet']
 
-For forward runs (it executes under ``torch.no_grad``); random ops draw their numbers when
-their kernel runs.
+For forward runs: the block runs under ``torch.no_grad`` (autograd would keep alive tensors
+the graph lets go of). Random ops draw their numbers when their kernel runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -63,17 +64,22 @@ def _key(t: torch.Tensor) -> int:
 
 
 def _poison(t: torch.Tensor) -> None:
+    """Fill ``t`` with what memory no kernel wrote yet reads as here: NaN; -1 for integers
+    (an index from the end, a count no kernel makes); False for masks (nothing attends)."""
     if t.dtype.is_floating_point or t.dtype.is_complex:
         t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(False)
     else:
-        t.zero_()
+        t.fill_(-1 if t.dtype.is_signed else torch.iinfo(t.dtype).max)
 
 
-def _poisoned(t: torch.Tensor) -> torch.Tensor:
-    """A tensor like ``t`` (same layout) holding garbage: what a racing kernel reads."""
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    _poison(out)
-    return out
+def _overwritten(t: torch.Tensor) -> torch.Tensor:
+    """What a kernel reads from ``t``'s memory after someone else wrote it: NaN, or every
+    bit of ``t`` flipped (never the value it held)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return torch.full_like(t, float("nan"))
+    return torch.bitwise_not(t)
 
 
 @dataclass(eq=False)
@@ -92,6 +98,15 @@ class _Kernel:
 
 
 @dataclass(eq=False)
+class _Reuse:
+    """The allocator hands freed memory to the next work of its home stream, here."""
+
+    key: int
+    home: int
+    kept: frozenset[int]  # streams record_stream covered
+
+
+@dataclass(eq=False)
 class _CallerWork:
     """What the caller queued on the main stream before the block: it wrote the inputs."""
 
@@ -100,6 +115,36 @@ class _CallerWork:
 class _Wait:
     stream: int  # the recording stream
     upto: int  # its queue position the record was made at
+
+
+@dataclass
+class _Layout:
+    leaves: list[tuple]  # (shape, strides, dtype, device) of each tensor result
+    spec: Any  # how they nest
+    aliases: bool  # whether a result shares an input's memory (a view)
+
+
+#: op, argument structure and layouts -> what it returns: the same in every block
+_LAYOUTS: dict[Any, _Layout | None] = {}
+
+
+@functools.cache
+def _fake_mode() -> FakeTensorMode:
+    return FakeTensorMode()
+
+
+def _layout_key(flat: list) -> tuple:
+    """A key for arguments by layout (and which of them share memory), not by values."""
+    groups: dict[int, int] = {}
+    out = []
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            group = groups.setdefault(_key(a), len(groups))
+            out.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device, group))
+        else:
+            hash(a)
+            out.append(a)
+    return tuple(out)
 
 
 @dataclass
@@ -126,7 +171,6 @@ class StreamDebug(TorchDispatchMode):
         self.caller_done = False
         self.unwritten: dict[int, str] = {}  # storage -> the queued kernel that writes it
         self.holders: dict[int, weakref.finalize] = {}  # id(tensor) -> its finalizer
-        self.fake: FakeTensorMode | None = None
         #: One line per kernel that read memory not written yet, or handed out again.
         self.stale_reads: list[str] = []
         #: How many kernels were queued.
@@ -159,6 +203,8 @@ class StreamDebug(TorchDispatchMode):
                 self.drain(item.stream, item.upto)
             elif isinstance(item, _Kernel):
                 self.execute(item)
+            elif isinstance(item, _Reuse):
+                self.reuse(item)
             elif isinstance(item, _CallerWork):
                 self.caller_done = True
 
@@ -166,16 +212,20 @@ class StreamDebug(TorchDispatchMode):
         stale: dict[int, torch.Tensor] = {}  # id(alias) -> what the kernel reads instead
         for t in k.reads:
             key = _key(t)
-            if key in self.unwritten:
-                why = f"what {self.unwritten[key]} had not written yet"
-            elif key in k.reused:
+            if key in self.unwritten:  # it holds the poison it was made with
+                self.stale_reads.append(
+                    f"{k.name} (stream {k.stream}) read what {self.unwritten[key]} had not "
+                    f"written yet"
+                )
+                continue
+            if key in k.reused:
                 why = "memory the program had freed and the allocator had handed out again"
             elif key not in self.allocated and not self.caller_done:
                 why = "an input before the main stream's work on it was known to be done"
             else:
                 continue
             self.stale_reads.append(f"{k.name} (stream {k.stream}) read {why}")
-            stale[id(t)] = _poisoned(t)
+            stale[id(t)] = _overwritten(t)
         args, kwargs = k.args, k.kwargs
         if stale:
             args, kwargs = tree_map(lambda a: stale.get(id(a), a), (args, kwargs))
@@ -205,9 +255,10 @@ class StreamDebug(TorchDispatchMode):
         self.holders[id(t)] = weakref.finalize(t, self.dropped, id(t), key)
 
     def dropped(self, holder: int, key: int) -> None:
-        """The program let go of a tensor; when no tensor holds its memory any more, the
-        allocator may give it to new work on its home stream at once — so a kernel of another
-        stream still queued to read it (without ``record_stream``) reads it overwritten."""
+        """The program let go of a tensor. When no tensor holds its memory any more, the
+        allocator may give it to the next work on its home stream: from where that stream
+        has got to now, a kernel of another stream still queued to read it (and not covered
+        by ``record_stream``) reads it overwritten."""
         self.holders.pop(holder, None)
         info = self.storages.get(key)
         if info is None:
@@ -216,12 +267,17 @@ class StreamDebug(TorchDispatchMode):
         if info.live:
             return
         del self.storages[key]
+        kept = frozenset(s for (k, s) in self.kept if k == key)
+        self.kept -= {(key, s) for s in kept}  # its address may come back for new memory
+        self.issue(_Reuse(key, info.home, kept), info.home)
+
+    def reuse(self, item: _Reuse) -> None:
         for stream, items in self.queues.items():
-            if stream == info.home or (key, stream) in self.kept:
+            if stream == item.home or stream in item.kept:
                 continue
-            for item in items[self.done[stream] :]:
-                if isinstance(item, _Kernel) and any(_key(t) == key for t in item.reads):
-                    item.reused.add(key)
+            for k in items[self.done[stream] :]:
+                if isinstance(k, _Kernel) and any(_key(t) == item.key for t in k.reads):
+                    k.reused.add(item.key)
 
     # ----- ops -------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -230,14 +286,13 @@ class StreamDebug(TorchDispatchMode):
             return self.stream_op(func, args)
         if any(isinstance(a, torch.Tensor) for a in _written(func, args, kwargs)):
             return self.queue_write(func, args, kwargs)
-        fake = self.fake_run(func, args, kwargs)
-        if fake is None:  # the host needs values: run what came before on this stream, then it
+        layout = self.layout(func, args, kwargs)
+        if layout is None:  # the host needs values: run what came before on this stream, then it
             self.drain(self.current)
             return self.now(func, args, kwargs)
-        out, leaves, aliases = fake
-        if aliases or not leaves:  # a view or a metadata check: no memory read
+        if layout.aliases or not layout.leaves:  # a view or a metadata check: no memory read
             return self.now(func, args, kwargs)
-        return self.queue_kernel(func, args, kwargs, out, leaves)
+        return self.queue_kernel(func, args, kwargs, layout)
 
     def now(self, func, args, kwargs) -> Any:
         ins = {_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
@@ -269,12 +324,23 @@ class StreamDebug(TorchDispatchMode):
         else:
             self.kept.add((_key(args[0]), args[1]))
 
-    def fake_run(self, func, args, kwargs) -> tuple[Any, list, bool] | None:
-        """``func`` on fake copies of its inputs: its results (shapes and strides, no data)
-        and whether one shares an input's memory; None when they depend on values."""
-        if self.fake is None:
-            self.fake = FakeTensorMode()
-        mode = self.fake
+    def layout(self, func, args, kwargs) -> _Layout | None:
+        """What ``func`` returns for inputs laid out like these (shapes, strides: from a run
+        on fake tensors, remembered per op and input layout); None when the host needs
+        values (data-dependent shapes, numbers)."""
+        flat, spec = tree_flatten((args, kwargs))
+        try:
+            key = (func, spec, _layout_key(flat))
+        except TypeError:  # an unhashable argument: do not remember
+            return self.fake_layout(func, args, kwargs)
+        if key not in _LAYOUTS:
+            if len(_LAYOUTS) > 20000:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = self.fake_layout(func, args, kwargs)
+        return _LAYOUTS[key]
+
+    def fake_layout(self, func, args, kwargs) -> _Layout | None:
+        mode = _fake_mode()
 
         def fake(a: Any) -> Any:
             return mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a
@@ -285,7 +351,7 @@ class StreamDebug(TorchDispatchMode):
                 out = func(*fake_args, **fake_kwargs)
         except Exception:  # data-dependent output shapes, ops without fake kernels
             return None
-        leaves = tree_flatten(out)[0]
+        leaves, spec = tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) for t in leaves):
             return None  # a number the host reads
         ins = {
@@ -293,12 +359,16 @@ class StreamDebug(TorchDispatchMode):
             for t in tree_flatten((fake_args, fake_kwargs))[0]
             if isinstance(t, torch.Tensor)
         }
-        return out, leaves, any(_key(t) in ins for t in leaves)
+        return _Layout(
+            [(t.shape, t.stride(), t.dtype, t.fake_device) for t in leaves],
+            spec,
+            any(_key(t) in ins for t in leaves),
+        )
 
-    def queue_kernel(self, func, args, kwargs, fake_out, leaves) -> Any:
+    def queue_kernel(self, func, args, kwargs, layout: _Layout) -> Any:
         placeholders = []
-        for o in leaves:
-            p = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.fake_device)
+        for shape, stride, dtype, device in layout.leaves:
+            p = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             _poison(p)
             placeholders.append(p)
         name = str(func)
@@ -307,7 +377,7 @@ class StreamDebug(TorchDispatchMode):
             self.unwritten[_key(p)] = f"{name} (stream {self.current})"
             self.own(p, fresh=True)
         self.issue(kernel, self.current)
-        return tree_unflatten(placeholders, tree_flatten(fake_out)[1])
+        return tree_unflatten(placeholders, layout.spec)
 
     def queue_write(self, func, args, kwargs) -> Any:
         """An in-place (or ``out=``) op: queued; it returns the tensors it writes."""
@@ -365,15 +435,18 @@ def _returned_writes(func, args, kwargs) -> list[Any]:
     return out
 
 
-@contextlib.contextmanager
-def stream_debug(hold: str = "side") -> Iterator[StreamDebug]:
+def stream_debug(hold: str = "side") -> contextlib.AbstractContextManager[StreamDebug]:
     """Run scheduled graphs inside this block with each stream's kernels held back as
     long as the events allow (``hold``: ``"side"`` or ``"main"``), so a race gives wrong
     outputs on CPU. Yields the :class:`StreamDebug` state (``stale_reads``, ``kernels``)."""
-    debug = StreamDebug(hold)
+    return _block(StreamDebug(hold))
+
+
+@contextlib.contextmanager
+def _block(debug: StreamDebug) -> Iterator[StreamDebug]:
     debug.issue(_CallerWork(), 0)
-    try:
-        with debug:
+    try:  # no autograd: it would keep tensors alive that the graph lets go of
+        with torch.no_grad(), debug:
             yield debug
     finally:
         debug.finish()
