@@ -155,6 +155,47 @@ def same(got, want) -> bool:
     return len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+# ----- issue 19: a reshape of an expand copies -------------------------------------------------
+class RepeatKvRace(torch.nn.Module):
+    """The schedule multi_stream built for GQA attention before issue 19 was fixed: the side
+    stream's event is recorded right after ``add``, then ``reshape(expand)`` — a copy, since
+    the expand has stride 0 — runs on the side stream, and attention on the main stream
+    reads it after waiting for that (too early) event."""
+
+    def __init__(self, fixed: bool = False) -> None:
+        super().__init__()
+        self.fixed = fixed
+
+    def forward(self, q, k, v):
+        OPS.record_event(0, 0)
+        OPS.set_stream(1)
+        OPS.wait_event(0, 1)
+        add = k * 0.5 + 1.0
+        if not self.fixed:
+            OPS.record_event(1, 1)
+        expand = add[:, :, None].expand(2, 2, 2, 8, 16)
+        repeated = expand.reshape(2, 4, 8, 16)  # GQA's repeat_kv
+        if self.fixed:
+            OPS.record_event(1, 1)
+        OPS.set_stream(0)
+        OPS.wait_event(1, 0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, repeated, v)
+        OPS.record_stream(repeated, 0)
+        return out
+
+
+def repeat_kv_race(fixed: bool = False) -> tuple[torch.fx.GraphModule, tuple]:
+    """The issue-19 schedule (or, ``fixed``, the same with the record after the copy),
+    exported, and its inputs."""
+    g = torch.Generator().manual_seed(0)
+    inputs = (
+        torch.randn(2, 4, 8, 16, generator=g),
+        torch.randn(2, 2, 8, 16, generator=g),
+        torch.randn(2, 4, 8, 16, generator=g),
+    )
+    return torch.export.export(RepeatKvRace(fixed), inputs).graph_module, inputs
+
+
 # ----- random graphs over broadcast and transposed layouts -------------------------------------
 aten = torch.ops.aten
 #: Input layouts: dense, transposed, and broadcast (stride 0, as an ``expand`` makes them).

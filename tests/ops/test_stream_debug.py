@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _streams import FAULTS, HF_MODELS, fault_sites, original, plant, random_dag, same, scheduled
+from _streams import (
+    FAULTS,
+    HF_MODELS,
+    fault_sites,
+    original,
+    plant,
+    random_dag,
+    repeat_kv_race,
+    same,
+    scheduled,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -143,3 +153,15 @@ def test_random_graphs_scheduled_by_the_pass_give_exact_outputs(data):
     for hold in ("side", "main"):
         got, debug = _run(gm, inputs, hold)
         assert same(got, want) and debug.stale_reads == []
+
+
+def test_the_issue_19_schedule_gives_wrong_outputs_and_its_fix_does_not():
+    race, inputs = repeat_kv_race()
+    fixed, _ = repeat_kv_race(fixed=True)
+    want = fixed(*inputs)
+    assert same(race(*inputs), want)  # on CPU, without the debug mode: no sign of it
+    got, debug = _run(race, inputs, "side")
+    assert not same(got, want) and len(debug.stale_reads) == 1
+    assert "had not written yet" in debug.stale_reads[0]
+    got, debug = _run(fixed, inputs, "side")
+    assert same(got, want) and debug.stale_reads == []
