@@ -42,7 +42,7 @@ def test_the_pass_schedules_are_safe_by_both(name):
 
 
 # at most this many sites of each fault per model: each costs a replay and a real run
-_SITES = 3
+_SITES = 2
 
 
 @pytest.mark.parametrize("name", ALL)
