@@ -5,8 +5,8 @@ a GPU (a wait missing, an event recorded before the kernel it should cover, a te
 while another stream still reads it) computes the right numbers anyway. Inside
 :func:`stream_debug`, every kernel is queued on the stream that is current when it is
 issued instead of running at once; it returns a tensor of the right layout that is
-*unwritten* (NaN; -1 for integers, True for masks) until its kernel runs. Queued work runs only when
-something forces it, in the most unfavourable order the events allow:
+*unwritten* (NaN; -1 for integers, False for masks) until its kernel runs. Queued work runs
+only when something forces it, in the most unfavourable order the events allow:
 
 * ``hold="side"`` (default): the main stream runs as soon as work is issued; a side stream's
   kernels run only when a ``wait_event`` needs a record made after them, and never if
@@ -14,13 +14,13 @@ something forces it, in the most unfavourable order the events allow:
   reads unwritten memory.
 * ``hold="main"``: the other way round — side streams run at once, the main stream only
   when a side stream waits for it, and at the end (when the caller reads the results).
-  A side stream that reads the main stream's result without waiting for it reads
-  unwritten memory.
+  A side stream that reads the main stream's result (or the graph's inputs, which the
+  caller's work on the main stream wrote) without waiting for it reads unwritten memory.
 
 The caching allocator is modelled too: when the program drops the last reference to a
-tensor while a kernel of another stream is still queued to read it, and no
-``record_stream`` told the allocator so, the memory is handed out again — overwritten —
-before that kernel runs. Views run at once (they read no memory); so do ops the host must
+tensor, its memory goes to the next work of the stream that made it (in that stream's
+order); a kernel of another stream still queued to read it then, which no
+``record_stream`` covers, reads it overwritten (every bit flipped). Views run at once (they read no memory); so do ops the host must
 wait for (a ``.item()``, an output shape that depends on values), after the work queued
 before them on their stream. Everything runs in one thread in a fixed order: the same
 schedule gives the same numbers every time. A safe schedule gives exactly the outputs of
@@ -30,8 +30,8 @@ is listed in :attr:`StreamDebug.stale_reads`.
 >>> with stream_debug() as run:                                   # doctest: +SKIP
 ...     out = scheduled(*inputs)
 >>> run.stale_reads                                               # doctest: +SKIP
-['aten.scaled_dot_product_attention.default (stream 0) read what aten.clone.default
-  (stream 1) had not written yet']
+['aten._scaled_dot_product_flash_attention_for_cpu.default (stream 0) read what
+  aten.clone.default (stream 1) had not written yet']
 
 For forward runs: the block runs under ``torch.no_grad`` (autograd would keep alive tensors
 the graph lets go of). Random ops draw their numbers when their kernel runs.
