@@ -31,6 +31,11 @@ FAMILIES: dict[str, str] = {
     "phi3": "Phi3Config",
     "gemma2": "Gemma2Config",
     "qwen3_moe": "Qwen3MoeConfig",
+    # q/k RMSNorm over the whole projection, before the rotary embedding
+    "olmo3": "Olmo3Config",
+    # experts through transformers::grouped_mm_fallback (fp32), which
+    # transformers.integrations.moe registers
+    "olmoe": "OlmoeConfig",
 }
 
 _COMMON: dict[str, Any] = {
@@ -58,6 +63,7 @@ _PER_FAMILY: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 32,
         "decoder_sparse_step": 1,
     },
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
 }
 
 

@@ -19,12 +19,13 @@ from ._common import (
     CliError,
     check_writable,
     emit_json,
+    import_option,
     stderr,
     stdout,
     write_atomic,
 )
 from ._run import apply_pipeline, evaluate, evaluate_promoted, graph_inputs, parse_pipeline
-from ._targets import Target, allowed_imports, import_allowed, import_option, load_target
+from ._targets import Target, load_target
 
 _TOL = [
     click.option(
@@ -59,7 +60,8 @@ def _graph_code(gm: Any) -> str:
 # ----- list -----------------------------------------------------------------------------------
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def list_cmd(as_json: bool) -> None:
+@import_option
+def list_cmd(as_json: bool, imports: list[str]) -> None:
     """List the registered passes with their options and one-line docs."""
     from ..core.registry import REGISTRY
 
@@ -116,8 +118,6 @@ def show(target: str, spec: str | None, as_json: bool, imports: tuple[str, ...])
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
     """
-    imports = allowed_imports(imports)
-    import_allowed(imports)  # before the spec: a module may register passes
     pipeline = parse_pipeline(spec) if spec is not None else None
     t = load_target(target, imports=imports)
     out = stdout()
@@ -188,8 +188,6 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     from ..core.errors import PassFailedError
     from ..core.instrument import PrintIR, Statistics, Timing
 
-    imports = allowed_imports(imports)
-    import_allowed(imports)
     pipeline = parse_pipeline(spec)
     if html:
         check_writable(html, "report")
@@ -345,7 +343,6 @@ def diff(a: str, b: str, html: str | None, exit_code: bool, as_json: bool, impor
 
     if html:
         check_writable(html, "report")
-    imports = allowed_imports(imports)
     ta, tb = load_target(a, imports=imports), load_target(b, imports=imports)
     change = diff_graphs(ta.graph_module, tb.graph_module, name=f"{a} -> {b}", max_hunks=20)
     ca, cb = op_counts(ta.graph_module), op_counts(tb.graph_module)
@@ -406,8 +403,6 @@ def bisect_cmd(target: str, spec: str | None, as_json: bool, rtol, atol, imports
     """
     from ..verify.bisect import bisect
 
-    imports = allowed_imports(imports)
-    import_allowed(imports)
     pipeline = parse_pipeline(spec)
     t = load_target(target, imports=imports)
     err = stderr()
@@ -437,8 +432,6 @@ def repro(path: str, spec: str | None, imports: tuple[str, ...]) -> None:
 
     Fails exactly as the original run did: the same error, exit code 1.
     """
-    imports = allowed_imports(imports)
-    import_allowed(imports)
     p = Path(path)
     if p.is_dir():
         from ..core.errors import FxpassError, PassFailedError

@@ -30,6 +30,7 @@ __all__ = [
     "bind_owner",
     "codegen_of",
     "copy_code_fields",
+    "copy_sharing_specs",
     "dead_node_eraser",
     "default_node_name",
     "empty_graph_like",
@@ -125,18 +126,31 @@ def nodes_after(graph: fx.Graph, mark: fx.Node) -> list[fx.Node]:
     return out
 
 
+def copy_sharing_specs(obj: Any) -> Any:
+    """``copy.deepcopy(obj)``, sharing torch's pytree leaf spec instead of copying it.
+
+    Pytree specs are immutable; copying the leaf spec calls the deprecated ``LeafSpec``
+    constructor (torch >= 2.10 warns ``isinstance(treespec, LeafSpec)`` is deprecated, an
+    error under ``-W error::FutureWarning``). Graphs of exported programs hold specs in their
+    code generator and module call graph."""
+    from torch.utils import _pytree as pytree
+
+    leaf = pytree.treespec_leaf()
+    return copy.deepcopy(obj, {id(leaf): leaf})
+
+
 def empty_graph_like(graph: fx.Graph) -> fx.Graph:
     """An empty graph with ``graph``'s tracer class and code generator (which holds e.g.
     the pytree flattening of an ``ExportedProgram.module()``'s inputs and outputs)."""
     new = fx.Graph(tracer_cls=graph._tracer_cls)
-    new._codegen = copy.deepcopy(graph._codegen)
+    new._codegen = copy_sharing_specs(graph._codegen)
     return new
 
 
 def use_codegen(source: fx.Graph, target: fx.Graph, *, copy_it: bool = False) -> None:
     """Give ``target`` ``source``'s code generator (its own copy with ``copy_it``): the
     pytree flattening of inputs and outputs an ``ExportedProgram.module()`` has."""
-    target._codegen = copy.deepcopy(source._codegen) if copy_it else source._codegen
+    target._codegen = copy_sharing_specs(source._codegen) if copy_it else source._codegen
 
 
 def codegen_of(graph: fx.Graph) -> Any:
