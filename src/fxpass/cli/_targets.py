@@ -25,6 +25,8 @@ from ..targets.pt2 import Pt2Error, _quiet, load, stand_in_types
 from ._common import LOAD, USAGE, CliError, import_allowed, stderr
 
 TARGET_HELP = "TARGET is a .pt2 file, a .fxgraph file, or module:function (see docs/cli.md)."
+
+
 @dataclass
 class Target:
     """A loaded TARGET: the program (ExportedProgram or GraphModule) and its user inputs."""

@@ -67,7 +67,7 @@ def op_registrars(qualname: str, *, limit: int = 3) -> list[str]:
     ns, _, name = qualname.partition("::")
     if not ns or not name:
         return []
-    quoted = [f'{q}{qualname}{q}'.encode() for q in "\"'"]
+    quoted = [f"{q}{qualname}{q}".encode() for q in "\"'"]
     library = re.compile(rf"""Library\(\s*["']{re.escape(ns)}["']""".encode())
     defines = re.compile(rf"""define\(\s*["']{re.escape(name)}\s*\(""".encode())
     found: list[str] = []
