@@ -30,6 +30,7 @@ __all__ = [
     "bind_owner",
     "codegen_of",
     "copy_code_fields",
+    "EXPORTED_META",
     "copy_sharing_specs",
     "dead_node_eraser",
     "default_node_name",
@@ -38,6 +39,7 @@ __all__ = [
     "graph_structure",
     "input_nodes",
     "is_erased",
+    "is_exported_graph",
     "is_lazy_module",
     "last_node",
     "make_lazy_module",
@@ -124,6 +126,17 @@ def nodes_after(graph: fx.Graph, mark: fx.Node) -> list[fx.Node]:
         out.append(n)
         n = n._next
     return out
+
+
+#: ``gm.meta`` key the ExportedProgram target sets on the graph module passes run on: an
+#: exported program's IR has no ``call_module``, so a pass that makes submodules must call
+#: them another way (``partition`` then uses ``invoke_subgraph``).
+EXPORTED_META = "fxpass_exported_program"
+
+
+def is_exported_graph(gm: fx.GraphModule) -> bool:
+    """Whether the passes run on the graph of an ExportedProgram (see :data:`EXPORTED_META`)."""
+    return bool(gm.meta.get(EXPORTED_META))
 
 
 def copy_sharing_specs(obj: Any) -> Any:

@@ -52,7 +52,7 @@ from torch.export.graph_signature import (
 
 from ..core.context import scoped
 from ..core.errors import FxpassError
-from ..fxutil.fx import copy_sharing_specs, release_name, rename_node
+from ..fxutil.fx import EXPORTED_META, copy_sharing_specs, release_name, rename_node
 from ..fxutil.paths import del_path, find_path
 from .pt2 import load as _load_pt2
 from .runner import Runner
@@ -307,8 +307,12 @@ def run_on_program(
         ],
         _inputs={s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")},
     )
-    with _activate(ctx):
-        result = runner.run(work, _graph_inputs(ep, sample_inputs), debug_counter=debug_counter)
+    work.meta[EXPORTED_META] = True  # e.g. partition then calls submodules as export does
+    try:
+        with _activate(ctx):
+            result = runner.run(work, _graph_inputs(ep, sample_inputs), debug_counter=debug_counter)
+    finally:
+        work.meta.pop(EXPORTED_META, None)
     if not result.modified:
         return ep, result
     try:
