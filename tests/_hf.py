@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from fxpass.fxutil.fx import copy_sharing_specs  # deepcopy without LeafSpec warnings
+
 transformers = pytest.importorskip("transformers")
 
 SEQ = 8
@@ -113,4 +115,4 @@ def exported(
     """A fresh copy of the tiny model exported as users do, ``torch.export.export(model,
     (ids,))`` (the config says ``use_cache=False``); its output is a
     ``CausalLMOutputWithPast``."""
-    return copy.deepcopy(_exported(family, layers, dtype, tuple(sorted(overrides.items()))))
+    return copy_sharing_specs(_exported(family, layers, dtype, tuple(sorted(overrides.items()))))

@@ -24,15 +24,22 @@ from ._common import (
     stdout,
     write_atomic,
 )
+from ._ops import needed_ops
 from ._run import apply_pipeline, evaluate, evaluate_promoted, graph_inputs, parse_pipeline
 from ._targets import Target, load_target
 
-_TOL = [
+_TOL = [  # a negative tolerance fails equal values: refused as a usage error (exit 2)
     click.option(
-        "--rtol", type=float, default=None, help="Relative tolerance (default: by dtype)."
+        "--rtol",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Relative tolerance, >= 0 (default: by dtype).",
     ),
     click.option(
-        "--atol", type=float, default=None, help="Absolute tolerance (default: by dtype)."
+        "--atol",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Absolute tolerance, >= 0 (default: by dtype).",
     ),
 ]
 
@@ -123,10 +130,15 @@ def show(target: str, spec: str | None, as_json: bool, imports: tuple[str, ...])
     out = stdout()
     before = _graph_code(t.graph_module)
     if pipeline is None:
+        needs = needed_ops(t.graph_module)
         if as_json:
-            emit_json({"target": target, "nodes": len(t.graph_module.graph.nodes), "code": before})
+            emit_json({"target": target, "nodes": len(t.graph_module.graph.nodes), "code": before,
+                       "ops": {ns.name: ns.to_dict() for ns in needs}})  # fmt: skip
             return
         _print_graph(out, f"{target} ({len(t.graph_module.graph.nodes)} nodes)", before)
+        out.rule("ops it calls, by namespace, and who registers them", style="dim")
+        for ns in needs:
+            out.print(ns.line(), markup=False, highlight=False)
         return
     from ..html.capture import GraphRecorder
 
@@ -176,11 +188,14 @@ def _print_changes(out, changes: list, modified: bool) -> None:
               help="Write the HTML report with pictures of each change.")  # fmt: skip
 @click.option("--reproducer", type=click.Path(file_okay=False), default=None,
               help="On failure, write a reproducer folder under this folder.")  # fmt: skip
+@click.option("--portable", is_flag=True,
+              help="Lower every fxpass:: op to torch's own ops last: the output runs without "
+              "fxpass.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @_tolerances
 @import_option
 def run(target, spec, output, print_after_change, print_after_all, timing, statistics,
-        verify, html, reproducer, as_json, rtol, atol, imports) -> None:  # fmt: skip
+        verify, html, reproducer, portable, as_json, rtol, atol, imports) -> None:  # fmt: skip
     """Run a pipeline on TARGET: print what each pass did, optionally verify and save.
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
@@ -226,7 +241,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
 
         instruments.append(CrashReproducer(reproducer, imports=imports))
     try:
-        result = apply_pipeline(t, pipeline, instruments)
+        result = apply_pipeline(t, pipeline, instruments, portable=portable)
     except PassFailedError as e:
         report = getattr(e, "report", None)
         if as_json:
