@@ -37,6 +37,11 @@ EXIT_CODES = [
 EXIT_CODES_HELP = "Exit codes:\n" + "\n".join(f"  {c:<4} {text}" for c, text in EXIT_CODES)
 
 
+def plural(n: int, word: str) -> str:
+    """``1 layer``, ``2 layers``: a count and its noun, agreeing."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 class CliError(Exception):
     """An error the command reports as one line, with an exit code."""
 

@@ -20,6 +20,7 @@ from ._common import (
     check_writable,
     emit_json,
     import_option,
+    plural,
     stderr,
     stdout,
     write_atomic,
@@ -168,7 +169,7 @@ def _print_changes(out, changes: list, modified: bool) -> None:
     for c in changes:
         out.print(
             f"{c.label}: +{c.added} new, -{c.removed} removed, ~{c.changed} changed, "
-            f"{c.rewired} rewired, in {c.hunks_total} regions",
+            f"{c.rewired} rewired, in {plural(c.hunks_total, 'region')}",
             markup=False,
         )
 
@@ -384,7 +385,7 @@ def _print_diff(change, ops: dict, same: bool) -> None:
     out.print(
         f"nodes {change.nodes_before} -> {change.nodes_after}: +{change.added} new, "
         f"-{change.removed} removed, ~{change.changed} changed, {change.rewired} rewired, "
-        f"in {change.hunks_total} regions",
+        f"in {plural(change.hunks_total, 'region')}",
         markup=False,
     )
     if ops:

@@ -78,4 +78,23 @@ def shard_cmd(target, world_size, output, plan_file, print_plan, sequence_parall
         emit_json(json.loads(manifest.read_text()))
         return
     console.print(shards)
+    for line in _fuse_notes(shards, fuse):
+        console.print(line, style="dim", markup=False, highlight=False)
     console.print(f"wrote {world_size} programs, plan.json and {manifest.name} to {out_dir}")
+
+
+def _fuse_notes(shards, fuse: bool) -> list[str]:
+    """With --fuse: how many sites rank 0 fused, and why none when none (the pass's note)."""
+    if not fuse:
+        return []
+    report = shards.reports[0] if shards.reports else None
+    try:
+        record = report.find("fuse_allreduce_add_rmsnorm") if report is not None else None
+    except KeyError:
+        record = None
+    if record is None:
+        return ["--fuse: nothing to fuse: no all-reduce (one rank, or nothing was sharded)"]
+    n = int(record.stats.get("rewrites", 0))
+    if n:
+        return [f"--fuse: {n} all-reduce + add + RMSNorm site{'s' if n != 1 else ''} fused"]
+    return [f"--fuse: {note}" for note in record.notes] or ["--fuse: nothing fused"]

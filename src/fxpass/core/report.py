@@ -176,6 +176,8 @@ class Report:
         for line in self.suppressed:
             yield Text(f"suppressed: {line}", style="yellow")
         for _, rec in self.root.walk():
+            for note in rec.notes:  # e.g. why a pass found nothing to change
+                yield Text(f"note: {rec.name}: {note}", style="dim")
             for hint in filter(None, map(str, rec.hints)):  # a hint may be empty when read
                 yield Text(f"hint: {rec.name}: {hint}", style="yellow")
         if self.error:

@@ -34,7 +34,7 @@ from ..edit.location import short
 from ..fxutil.dialect import spellings
 from ..fxutil.fx import is_erased, sort_key
 from ._state import MatchState
-from .explain import NearMissHint, explain, near_misses
+from .explain import NearMissHint, explain, near_misses, why_nothing
 from .match import Matcher, RuleStats
 from .rewriter import Rewriter
 from .rule import Rule, as_rule
@@ -239,6 +239,8 @@ def _report(result: RewriteResult, matcher: Matcher, graph: fx.Graph) -> None:
                 hint = NearMissHint(rule, s.tried, s.matched, near_misses(rule, graph))
                 if hint:
                     record.hints.append(hint)
+        if not result.rewrites and matcher.rules:
+            record.notes.append(why_nothing(matcher.rules, result.stats))
     ctx.stat("rewrites", result.rewrites)
     for name, s in result.stats.items():
         if not s.tried:

@@ -42,6 +42,7 @@ __all__ = [
     "NearMissHint",
     "explain",
     "near_misses",
+    "why_nothing",
 ]
 
 
@@ -261,6 +262,31 @@ class NearMissHint(UserString):
 
     def __deepcopy__(self, memo: dict) -> str:
         return self.data
+
+
+def why_nothing(rules: Iterable[Rule], stats: dict[str, Any]) -> str:
+    """Why a rule set rewrote nothing, rule by rule (``stats``: the matcher's per-rule
+    counts): no node calls the op it starts at, every candidate failed, or the replacement
+    declined every match. What the report notes for a pass that found nothing."""
+    reasons: dict[str, list[str]] = {}
+    for rule in rules:
+        s = stats.get(rule.name)
+        if s is None or not s.tried:
+            why = f"no node calls {_short_ops(rule)}"
+        elif not s.matched:
+            why = f"tried at {s.tried} nodes, none matched"
+        else:
+            why = f"matched {s.matched}, the replacement declined each"
+        reasons.setdefault(why, []).append(f"'{rule.name}'")
+    text = "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())
+    return f"found nothing to rewrite: {text} (fxpass.rewrite.explain(rule, gm) says why)"
+
+
+def _short_ops(rule: Rule) -> str:
+    """The op a rule starts at, aten's spelling first, the others counted."""
+    names = _root_ops(rule).strip("{}").split(", ")
+    names.sort(key=lambda n: (not n.startswith("aten."), n))
+    return names[0] + (f" (or {len(names) - 1} other spellings)" if len(names) > 1 else "")
 
 
 #: How a wrong-op miss says the op the pattern wanted is right there, behind views or casts.
