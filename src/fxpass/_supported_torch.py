@@ -17,7 +17,7 @@ __all__ = ["OLDEST", "NEWEST", "UntestedTorchWarning", "check_torch", "supported
 
 #: The oldest and the newest torch minor release fxpass is tested with.
 OLDEST = (2, 13)
-NEWEST = (2, 15)
+NEWEST = (2, 14)
 
 
 class UntestedTorchWarning(UserWarning):
@@ -25,7 +25,7 @@ class UntestedTorchWarning(UserWarning):
 
 
 def supported() -> str:
-    """``"2.13 to 2.15"``: the tested range, as the messages say it."""
+    """``"2.13 to 2.14"``: the tested range, as the messages say it."""
     return f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]}"
 
 
