@@ -240,7 +240,9 @@ def _report(result: RewriteResult, matcher: Matcher, graph: fx.Graph) -> None:
                 if hint:
                     record.hints.append(hint)
         if not result.rewrites and matcher.rules:
-            record.notes.append(why_nothing(matcher.rules, result.stats))
+            note = why_nothing(matcher.rules, result.stats)
+            if note not in record.notes:  # a fixpoint reruns the pass into the same record
+                record.notes.append(note)
     ctx.stat("rewrites", result.rewrites)
     for name, s in result.stats.items():
         if not s.tried:
