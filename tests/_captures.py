@@ -10,13 +10,14 @@ config with seeded random weights (tests/_models.py, tests/_hf.py).
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from fxpass.fxutil.fx import copy_sharing_specs
 
 from _models import lifted_inputs
 
@@ -92,7 +93,7 @@ class Captured:
     def __init__(self, name: str, ir: str) -> None:
         program, args, expected = _capture(name, ir)
         self.ir = ir
-        self.program = copy.deepcopy(program)
+        self.program = copy_sharing_specs(program)
         self.gm = self.program if isinstance(self.program, torch.fx.GraphModule) else None
         if self.gm is None:
             self.gm = self.program.graph_module

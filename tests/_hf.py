@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from fxpass.fxutil.fx import copy_sharing_specs  # deepcopy without LeafSpec warnings
+
 transformers = pytest.importorskip("transformers")
 
 SEQ = 8
@@ -31,6 +33,11 @@ FAMILIES: dict[str, str] = {
     "phi3": "Phi3Config",
     "gemma2": "Gemma2Config",
     "qwen3_moe": "Qwen3MoeConfig",
+    # q/k RMSNorm over the whole projection, before the rotary embedding
+    "olmo3": "Olmo3Config",
+    # experts through transformers::grouped_mm_fallback (fp32), which
+    # transformers.integrations.moe registers
+    "olmoe": "OlmoeConfig",
 }
 
 _COMMON: dict[str, Any] = {
@@ -58,6 +65,7 @@ _PER_FAMILY: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 32,
         "decoder_sparse_step": 1,
     },
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
 }
 
 
@@ -107,4 +115,4 @@ def exported(
     """A fresh copy of the tiny model exported as users do, ``torch.export.export(model,
     (ids,))`` (the config says ``use_cache=False``); its output is a
     ``CausalLMOutputWithPast``."""
-    return copy.deepcopy(_exported(family, layers, dtype, tuple(sorted(overrides.items()))))
+    return copy_sharing_specs(_exported(family, layers, dtype, tuple(sorted(overrides.items()))))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from ._supported_torch import check_torch as _check_torch
+
+_check_torch()  # first: an untested torch gets one clear line, not an error from deep inside
+
 from . import (  # noqa: F401  (importing passes registers the library)
     ops,
     passes,

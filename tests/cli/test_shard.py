@@ -61,3 +61,12 @@ def test_bad_input_is_one_line(capsys, model_pt2, tmp_path, args, code, message)
     args = [a.format(tmp=tmp_path) for a in args]
     got, _, err = _run(capsys, "shard", str(model_pt2), *args)
     assert got == code and message in err and err.count("\n") == 1
+
+
+def test_fuse_says_what_it_fused_or_why_not(capsys, model_pt2, tmp_path):
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "--fuse",
+                        "-o", str(tmp_path / "f"))  # fmt: skip
+    assert code == 0 and "all-reduce + add + RMSNorm site" in out and " fused" in out
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "1", "--fuse",
+                        "-o", str(tmp_path / "one"))  # fmt: skip
+    assert code == 0 and "--fuse: " in out and "fused" not in out.split("--fuse: ")[1][:9]

@@ -11,13 +11,22 @@ if TYPE_CHECKING:
 
 
 def parse_pipeline(spec: str | None) -> Any:
-    """The pipeline for ``-p SPEC`` (the registered ``default`` when None or blank).
+    """The pipeline for ``-p SPEC`` (the registered ``default`` when ``-p`` is not given).
 
     A bad spec raises :class:`~fxpass.core.errors.SpecError`, which ``main`` reports as
-    :func:`spec_error_line` with exit code 2."""
+    :func:`spec_error_line` with exit code 2; so does an empty one (``-p ""``), which would
+    otherwise run nothing, or the default, without saying so."""
+    from ..core.errors import SpecError
     from ..targets.apply import resolve_pipeline
 
-    return resolve_pipeline(None if spec is None or spec.strip() == "" else spec)
+    if spec is not None and not spec.strip():
+        raise SpecError(
+            "the spec is empty: name the passes (e.g. -p cse,dce), or leave -p out for the "
+            "default pipeline",
+            spec,
+            1,
+        )
+    return resolve_pipeline(spec)
 
 
 def spec_error_line(e: Any) -> str:
@@ -76,10 +85,23 @@ def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
 
 
 def apply_pipeline(
-    target: Target, pipeline: Any, instrument: list[Any], cache: str | None = None
+    target: Target,
+    pipeline: Any,
+    instrument: list[Any],
+    cache: str | None = None,
+    *,
+    portable: bool = False,
 ) -> ApplyResult:
     """Run ``pipeline`` on the target through ``fxpass.apply`` (same kind in, same kind out);
-    ``cache`` is a pipeline cache folder (``--cache``)."""
+    ``cache`` is a pipeline cache folder (``--cache``); ``portable``: then lower fxpass's ops
+    to torch's own."""
     from ..targets.apply import apply
 
-    return apply(target.program, pipeline, target.args, instrument=instrument, cache=cache)
+    return apply(
+        target.program,
+        pipeline,
+        target.args,
+        instrument=instrument,
+        cache=cache,
+        portable=portable,
+    )

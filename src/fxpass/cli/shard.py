@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import LOAD, WRITE, CliError, emit_json, stdout
+from ._common import LOAD, WRITE, CliError, emit_json, import_option, stdout
 from ._targets import load_target
 
 __all__ = ["shard_cmd"]
@@ -38,8 +38,9 @@ def _output_dir(output: str) -> Path:
 @click.option("--uneven", type=click.Choice(["error", "replicate"]), default="error",
               help="What to do with layers the world size does not divide.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+@import_option
 def shard_cmd(target, world_size, output, plan_file, print_plan, sequence_parallel, fuse,
-              uneven, as_json) -> None:  # fmt: skip
+              uneven, as_json, imports) -> None:  # fmt: skip
     """Shard TARGET (a .pt2 file) into one program per rank: rank0.pt2 ... in OUTPUT, with
     plan.json (edit it and pass it back with --plan) and manifest.json (world size, plan,
     per-rank files, bytes, sha256). Each rank loads its file and runs it on
@@ -50,7 +51,7 @@ def shard_cmd(target, world_size, output, plan_file, print_plan, sequence_parall
     if output is None and not print_plan:
         raise click.UsageError("give -o/--output (a folder), or --print-plan to only plan")
     out_dir = _output_dir(output) if output else None
-    t = load_target(target)
+    t = load_target(target, imports=imports)
     if not t.is_exported:
         raise CliError(f"fxpass shard needs an exported program (.pt2), not {t.kind}", LOAD)
     plan = ShardPlan.load(plan_file) if plan_file else None
@@ -77,4 +78,23 @@ def shard_cmd(target, world_size, output, plan_file, print_plan, sequence_parall
         emit_json(json.loads(manifest.read_text()))
         return
     console.print(shards)
+    for line in _fuse_notes(shards, fuse):
+        console.print(line, style="dim", markup=False, highlight=False)
     console.print(f"wrote {world_size} programs, plan.json and {manifest.name} to {out_dir}")
+
+
+def _fuse_notes(shards, fuse: bool) -> list[str]:
+    """With --fuse: how many sites rank 0 fused, and why none when none (the pass's note)."""
+    if not fuse:
+        return []
+    report = shards.reports[0] if shards.reports else None
+    try:
+        record = report.find("fuse_allreduce_add_rmsnorm") if report is not None else None
+    except KeyError:
+        record = None
+    if record is None:
+        return ["--fuse: nothing to fuse: no all-reduce (one rank, or nothing was sharded)"]
+    n = int(record.stats.get("rewrites", 0))
+    if n:
+        return [f"--fuse: {n} all-reduce + add + RMSNorm site{'s' if n != 1 else ''} fused"]
+    return [f"--fuse: {note}" for note in record.notes] or ["--fuse: nothing fused"]

@@ -125,6 +125,11 @@ class Pipeline(Pass):
         instrument: Iterable[Instrumentation] = (),
         policy: RunPolicy = _DEFAULT_POLICY,
     ) -> None:
+        if isinstance(passes, str):  # iterating it would look up a pass per character
+            raise TypeError(
+                f"Pipeline({passes!r}) takes a list of passes; for a textual spec use "
+                f"Pipeline.parse({passes!r})"
+            )
         self._passes: list[Pass] = [as_pass(p) for p in passes]
         self.policy = policy
         if name:

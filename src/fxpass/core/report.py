@@ -37,8 +37,9 @@ class PassRecord:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     #: What the run suggests looking at: e.g. a rule that tried many nodes, matched few
-    #: and came close somewhere (its near misses, and how to explain them)
-    hints: list[str] = field(default_factory=list)
+    #: and came close somewhere (its near misses, and how to explain them). A hint is read
+    #: with ``str()``: it may say less, or nothing, once later passes fused its sites.
+    hints: list[Any] = field(default_factory=list)
 
     def walk(self, depth: int = 0) -> Iterator[tuple[int, PassRecord]]:
         """This record and every record below it, with its depth."""
@@ -59,7 +60,7 @@ class PassRecord:
             "stats": dict(self.stats),
             "notes": list(self.notes),
             "error": self.error,
-            "hints": list(self.hints),
+            "hints": [str(h) for h in self.hints if str(h)],
             "children": [c.to_dict() for c in self.children],
         }
 
@@ -199,7 +200,9 @@ class Report:
         for line in self.suppressed:
             yield Text(f"suppressed: {line}", style="yellow")
         for _, rec in self.root.walk():
-            for hint in rec.hints:
+            for note in rec.notes:  # e.g. why a pass found nothing to change
+                yield Text(f"note: {rec.name}: {note}", style="dim")
+            for hint in filter(None, map(str, rec.hints)):  # a hint may be empty when read
                 yield Text(f"hint: {rec.name}: {hint}", style="yellow")
         if self.error:
             yield Text(f"error: {self.error}", style="red")

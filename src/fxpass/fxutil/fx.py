@@ -30,6 +30,8 @@ __all__ = [
     "bind_owner",
     "codegen_of",
     "copy_code_fields",
+    "EXPORTED_META",
+    "copy_sharing_specs",
     "dead_node_eraser",
     "default_node_name",
     "empty_graph_like",
@@ -37,6 +39,7 @@ __all__ = [
     "graph_structure",
     "input_nodes",
     "is_erased",
+    "is_exported_graph",
     "is_lazy_module",
     "last_node",
     "make_lazy_module",
@@ -125,18 +128,42 @@ def nodes_after(graph: fx.Graph, mark: fx.Node) -> list[fx.Node]:
     return out
 
 
+#: ``gm.meta`` key the ExportedProgram target sets on the graph module passes run on: an
+#: exported program's IR has no ``call_module``, so a pass that makes submodules must call
+#: them another way (``partition`` then uses ``invoke_subgraph``).
+EXPORTED_META = "fxpass_exported_program"
+
+
+def is_exported_graph(gm: fx.GraphModule) -> bool:
+    """Whether the passes run on the graph of an ExportedProgram (see :data:`EXPORTED_META`)."""
+    return bool(gm.meta.get(EXPORTED_META))
+
+
+def copy_sharing_specs(obj: Any) -> Any:
+    """``copy.deepcopy(obj)``, sharing torch's pytree leaf spec instead of copying it.
+
+    Pytree specs are immutable; copying the leaf spec calls the deprecated ``LeafSpec``
+    constructor (torch >= 2.10 warns ``isinstance(treespec, LeafSpec)`` is deprecated, an
+    error under ``-W error::FutureWarning``). Graphs of exported programs hold specs in their
+    code generator and module call graph."""
+    from torch.utils import _pytree as pytree
+
+    leaf = pytree.treespec_leaf()
+    return copy.deepcopy(obj, {id(leaf): leaf})
+
+
 def empty_graph_like(graph: fx.Graph) -> fx.Graph:
     """An empty graph with ``graph``'s tracer class and code generator (which holds e.g.
     the pytree flattening of an ``ExportedProgram.module()``'s inputs and outputs)."""
     new = fx.Graph(tracer_cls=graph._tracer_cls)
-    new._codegen = copy.deepcopy(graph._codegen)
+    new._codegen = copy_sharing_specs(graph._codegen)
     return new
 
 
 def use_codegen(source: fx.Graph, target: fx.Graph, *, copy_it: bool = False) -> None:
     """Give ``target`` ``source``'s code generator (its own copy with ``copy_it``): the
     pytree flattening of inputs and outputs an ``ExportedProgram.module()`` has."""
-    target._codegen = copy.deepcopy(source._codegen) if copy_it else source._codegen
+    target._codegen = copy_sharing_specs(source._codegen) if copy_it else source._codegen
 
 
 def codegen_of(graph: fx.Graph) -> Any:

@@ -25,6 +25,7 @@ __all__ = [
     "Comparison",
     "Divergence",
     "NumericsError",
+    "check_tolerances",
     "compare_outputs",
     "run_graph_promoted",
     "tolerance_for",
@@ -47,10 +48,19 @@ class NumericsError(FxpassError):
     """The transformed program's outputs differ from the original's beyond tolerance."""
 
 
+def check_tolerances(rtol: float | None, atol: float | None) -> None:
+    """Refuse a negative (or NaN) tolerance: ``|a - e| <= atol + rtol * |e|`` could then fail
+    on equal values and report a divergence with error 0."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value}")
+
+
 def tolerance_for(
     dtype: torch.dtype, rtol: float | None = None, atol: float | None = None
 ) -> tuple[float, float]:
     """The ``(rtol, atol)`` used for ``dtype``; integers and bools compare exactly."""
+    check_tolerances(rtol, atol)
     if not (dtype.is_floating_point or dtype.is_complex):
         default = (0.0, 0.0)
     elif dtype.itemsize == 1:  # the float8 family
@@ -236,6 +246,7 @@ def compare_outputs(
     the original's own (largest and root-mean-square), i.e. the transformed graph is about as
     accurate as the original. A wrong rewrite is far less accurate and still fails.
     """
+    check_tolerances(rtol, atol)
     exp_leaves, act_leaves = pytree.tree_leaves(expected), pytree.tree_leaves(actual)
     true_leaves = pytree.tree_leaves(truth) if truth is not None else []
     if len(true_leaves) != len(exp_leaves):
