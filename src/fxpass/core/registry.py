@@ -30,7 +30,8 @@ from typing import Any
 
 from torch import fx
 
-from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks
+from .analysis_manager import preserved_names
+from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks, metadata_keys
 from .errors import OptionError, UnknownPassError
 from .imports import resolve_import
 from .options import Option, _Mismatch, bind_options, format_value, options_of, unknown_option
@@ -215,6 +216,8 @@ class Registry:
         replace: bool = False,
         origin: str = "user",
         statistics: Mapping[str, str] | None = None,
+        preserves: Sequence[Any] | None = None,
+        keeps: Sequence[str] | str | None = None,
     ) -> Any:
         """Register a pass function, :class:`Pass` subclass or object, or pipeline factory.
 
@@ -223,7 +226,9 @@ class Registry:
         under its own name and returns it. With ``index`` or ``pass_list`` the pass is also
         inserted into that pass list (``default`` when only ``index`` is given). Options
         come from the signature (see :mod:`fxpass.core.options`); ``statistics`` declares
-        what the pass counts (name -> description; it becomes the pass's ``statistics``).
+        what the pass counts (name -> description; it becomes the pass's ``statistics``);
+        ``preserves`` the analyses it keeps valid (see :mod:`fxpass.core.analysis_manager`);
+        ``keeps`` the node metadata it keeps valid (see :data:`fxpass.core.contract.METADATA`).
         Registering a taken name is an error unless ``replace``.
         """
         if callable(name) and not isinstance(name, str):
@@ -234,11 +239,19 @@ class Registry:
                 replace=replace,
                 origin=origin,
                 statistics=statistics,
+                preserves=preserves,
+                keeps=keeps,
             )(name)
 
         def decorate(obj: Any) -> Any:
             if statistics is not None:
                 obj.statistics = dict(statistics)
+            if preserves is not None:
+                preserved_names(preserves)  # a clear error now, not when the pass runs
+                obj.preserves = tuple(preserves)
+            if keeps is not None:
+                who = f"pass '{name or getattr(obj, 'name', None) or obj.__name__}'"
+                obj.keeps = metadata_keys(keeps, who)
             info = self._info_for(obj, name, takes_pipeline, origin)
             if info.name in self._infos and not replace:
                 raise ValueError(
@@ -412,15 +425,25 @@ def register(
     pass_list: str | None = None,
     replace: bool = False,
     statistics: Mapping[str, str] | None = None,
+    preserves: Sequence[Any] | None = None,
+    keeps: Sequence[str] | str | None = None,
 ) -> Any:
     """Register a pass in fxpass's registry (see :meth:`Registry.register`).
 
     ``@register("name", statistics={"merged": "nodes merged"})`` declares what the pass
-    counts with :func:`fxpass.stat`; ``register(rule_set)`` registers a pass object (a
-    :class:`~fxpass.RuleSet`, a ``Pipeline``) under its own name.
+    counts with :func:`fxpass.stat`; ``preserves=[positions]`` the analyses it keeps valid;
+    ``keeps=("val", "stack_trace")`` the node metadata it keeps valid;
+    ``register(rule_set)`` registers a pass object (a :class:`~fxpass.RuleSet`, a
+    ``Pipeline``) under its own name.
     """
     return REGISTRY.register(
-        name, index=index, pass_list=pass_list, replace=replace, statistics=statistics
+        name,
+        index=index,
+        pass_list=pass_list,
+        replace=replace,
+        statistics=statistics,
+        preserves=preserves,
+        keeps=keeps,
     )
 
 
@@ -430,8 +453,16 @@ def _builtin(
     index: int | None = None,
     pass_list: str | None = None,
     statistics: Mapping[str, str] | None = None,
+    preserves: Sequence[Any] | None = None,
+    keeps: Sequence[str] | str | None = None,
 ):
     """Register one of fxpass's own passes (as :func:`register`)."""
     return REGISTRY.register(
-        name, index=index, pass_list=pass_list, origin="fxpass", statistics=statistics
+        name,
+        index=index,
+        pass_list=pass_list,
+        origin="fxpass",
+        statistics=statistics,
+        preserves=preserves,
+        keeps=keeps,
     )
