@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
 from torch import fx
 
 from ..edit.alias import AliasInfo
@@ -118,21 +119,22 @@ def aliasing(graph: fx.Graph) -> AliasInfo:
 
 
 class FakeValues(Mapping[fx.Node, Any]):
-    """Each node's value computed again on fake tensors, from the inputs' recorded values
-    forward (a node whose op the fake mode cannot run keeps its recorded value; those are
-    listed in ``failures``). :meth:`stale` names the nodes whose recorded ``meta['val']``
+    """Each node's value computed again on fake tensors (autograd off), from the inputs'
+    recorded values forward (a node whose op the fake mode cannot run keeps its recorded
+    value; those are listed in ``failures``). :meth:`stale` names the nodes whose recorded ``meta['val']``
     no longer matches."""
 
     def __init__(self, graph: fx.Graph) -> None:
         self.graph = graph
         evaluator = FakeEvaluator.for_graph(graph, strictness=Strictness.DECLINE)
         values: dict[fx.Node, Any] = {}
-        for node in graph.nodes:
-            if node.op in ("call_function", "call_method"):
-                value = evaluator.rerun(node, value=values.get)
-                values[node] = node_val(node) if value is None else value
-            elif node.op != "output":
-                values[node] = node_val(node)
+        with torch.no_grad():  # graphs fxpass transforms run below autograd
+            for node in graph.nodes:
+                if node.op in ("call_function", "call_method"):
+                    value = evaluator.rerun(node, value=values.get)
+                    values[node] = node_val(node) if value is None else value
+                elif node.op != "output":
+                    values[node] = node_val(node)
         self._values = values
         self.failures = list(evaluator.failures)
 
@@ -154,7 +156,7 @@ class FakeValues(Mapping[fx.Node, Any]):
         values = self._values
         if event.kind == "replace":
             old, new = event.old[0], event.new[0]
-            if new not in values or not same_value(values.get(old), values[new]):
+            if new not in values or not same_value(values.get(old), values[new], grad=False):
                 return False
         for node in gone:
             values.pop(node, None)
@@ -163,13 +165,15 @@ class FakeValues(Mapping[fx.Node, Any]):
     def stale(self) -> list[fx.Node]:
         """Nodes whose recorded example value differs from the propagated one."""
         return [
-            n for n, v in self._values.items() if v is not None and not same_value(v, node_val(n))
+            n
+            for n, v in self._values.items()
+            if v is not None and not same_value(v, node_val(n), grad=False)
         ]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FakeValues) or self._values.keys() != other._values.keys():
             return False
-        return all(same_value(v, other._values[n]) for n, v in self._values.items())
+        return all(same_value(v, other._values[n], grad=False) for n, v in self._values.items())
 
     __hash__ = None  # type: ignore[assignment]
 

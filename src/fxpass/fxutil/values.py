@@ -68,17 +68,17 @@ def _same_sizes(a: Any, b: Any) -> bool:
     return len(a) == len(b) and all(_same_scalar(x, y) for x, y in zip(a, b))
 
 
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _same_tensor(a: torch.Tensor, b: torch.Tensor, grad: bool = True) -> bool:
     if type(a) is not type(b) or a.dtype != b.dtype or a.layout != b.layout:
         return False
     if not (a._has_symbolic_sizes_strides or b._has_symbolic_sizes_strides):
-        return _same_static(a, b)  # the common case, compared in C
+        return _same_static(a, b, grad)  # the common case, compared in C
     ca, cb = getattr(a, "constant", None), getattr(b, "constant", None)
     if (ca is not None or cb is not None) and (  # a constant-folded fake tensor has data too
         ca is None or cb is None or not _same_tensor(ca, cb) or not torch.equal(ca, cb)
     ):
         return False
-    if a.requires_grad != b.requires_grad or a.is_quantized or b.is_quantized:
+    if (grad and a.requires_grad != b.requires_grad) or a.is_quantized or b.is_quantized:
         return False
     device_a = getattr(a, "fake_device", None) or a.device  # FakeTensor.device is slow
     device_b = getattr(b, "fake_device", None) or b.device
@@ -91,8 +91,8 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _same_static(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.requires_grad != b.requires_grad:
+def _same_static(a: torch.Tensor, b: torch.Tensor, grad: bool = True) -> bool:
+    if a.shape != b.shape or (grad and a.requires_grad != b.requires_grad):
         return False
     if a.is_quantized or b.is_quantized:
         return False
@@ -110,20 +110,21 @@ def _same_static(a: torch.Tensor, b: torch.Tensor) -> bool:
     return ca is not None and cb is not None and _same_tensor(ca, cb) and torch.equal(ca, cb)
 
 
-def same_value(new: Any, old: Any) -> bool:
+def same_value(new: Any, old: Any, *, grad: bool = True) -> bool:
     """Whether ``new`` has exactly ``old``'s metadata: for tensors the type, dtype, device,
     layout, sizes, strides and storage offset (and the data of a constant-folded fake
     tensor); for symbolic scalars the same expression;
-    for other scalars equality; element by element for tuples and lists."""
+    for other scalars equality; element by element for tuples and lists. ``grad=False``
+    leaves ``requires_grad`` out (an autograd property, not the value's)."""
     if new is old:
         return True
     if isinstance(new, torch.Tensor):
-        return isinstance(old, torch.Tensor) and _same_tensor(new, old)
+        return isinstance(old, torch.Tensor) and _same_tensor(new, old, grad)
     if isinstance(new, (tuple, list)):
         return (
             type(new) is type(old)
             and len(new) == len(old)
-            and all(same_value(a, b) for a, b in zip(new, old))
+            and all(same_value(a, b, grad=grad) for a, b in zip(new, old))
         )
     if isinstance(new, (*_SYM, *_SCALARS)):
         return _same_scalar(new, old)

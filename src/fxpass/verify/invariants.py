@@ -142,11 +142,10 @@ class _Before:
         if key == "val":
             out += _val_problems(new, touched)
         elif key in _SOURCE_KEYS:
-            out += [
-                f"new node {_node(n)} has no meta['{key}'] (the nodes it was made from had one)"
-                for n in new
-                if n.op in _COMPUTE and key not in n.meta and self._should_inherit(n, key)
-            ]
+            for n in new:
+                why = self._inherits(n, key) if n.op in _COMPUTE and key not in n.meta else None
+                if why:
+                    out.append(f"new node {_node(n)} has no meta['{key}'] ({why})")
         elif key == "provenance":
             out += [
                 f"new node {_node(n)} has no meta['from_node']"
@@ -161,14 +160,15 @@ class _Before:
             ]
         return out
 
-    def _should_inherit(self, node: fx.Node, key: str) -> bool:
-        """Whether a new node should carry a source key: when a node it was made from did
-        (by its provenance), or — without provenance — when every compute node did."""
+    def _inherits(self, node: fx.Node, key: str) -> str | None:
+        """Why a new node should carry a source key — a node it was made from (by its
+        provenance) did, or, without provenance, every compute node did — or None."""
         origins = [self.names.get(name) for name in _origin_names(node)]
         origins = [o for o in origins if o is not None]
         if origins:
-            return any(key in o.meta for o in origins)
-        return self.everywhere[key]
+            made_from = [o for o in origins if key in o.meta]
+            return f"%{made_from[0].name}, which it was made from, had one" if made_from else None
+        return "every compute node had one" if self.everywhere[key] else None
 
 
 def _origin_names(node: fx.Node) -> list[str]:
