@@ -10,6 +10,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# Every pipeline run in the tests checks the analyses its passes declare preserved: computed
+# again after each pass that changed the graph and compared (fxpass.core.analysis_manager).
+os.environ.setdefault("FXPASS_VERIFY_ANALYSES", "1")
+
 import _models
 
 ARTIFACTS = Path(

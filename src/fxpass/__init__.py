@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (importing passes registers the library)
     registry,
     streams,
 )
+from .core.analysis_manager import analysis
 from .core.context import ChangeEvent, DebugCounter, PassContext, current_context, stat
 from .core.contract import FunctionPass, Pass, PassResult, as_pass
 from .core.errors import (
@@ -84,6 +85,7 @@ __all__ = [
     "Timing",
     "UnknownPassError",
     "__version__",
+    "analysis",
     "apply",
     "as_pass",
     "backend",

@@ -15,8 +15,14 @@ What a run guarantees:
 * **Checks.** After each pass that changed the graph: ``graph.lint()`` and the checks added
   with :meth:`Pipeline.add_checks` (a check raises or returns False). Checks added to a
   pipeline also run after the passes of pipelines nested in it, and the ``invariants`` a
-  pass declares run after it and every later pass once it has changed the graph. With
+  pass declares run after it and every later pass once it has changed the graph. A check
+  with a ``before_pass(gm, pass)`` method also sees each pass's input: the pipeline calls
+  it before every pass and ``after_pass(gm, pass, state, changed)`` after (how
+  ``fxpass.verify.keeps_metadata`` checks what a pass declares it keeps). With
   ``suppress_check_failures=True`` a failure is recorded in the report and warned about.
+* **Analyses.** Each run has an :class:`~fxpass.core.analysis_manager.AnalysisManager`
+  (``ctx.analyses``): a pass that changed the graph drops the cached analyses it does not
+  preserve; with ``verify_analyses`` the ones it preserves are computed again and compared.
 * **Nothing lost.** If a pass raises or a check fails, the GraphModule given to the run is put
   back exactly as it was (same Node objects, same code) and a
   :class:`~fxpass.PassFailedError` names the failing pass and the passes that ran before it.
@@ -29,16 +35,16 @@ import contextlib
 import contextvars
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from torch import fx
 
+from .checks import Check, after_leaf, run_checks, watch
 from .context import DebugCounter, PassContext, _activate, current_context, scoped
 from .contract import Pass, PassResult, as_pass, hooks
 from .errors import (
-    CheckFailedError,
     ConstraintCycleError,
     NonConvergenceError,
     PassFailedError,
@@ -52,8 +58,6 @@ from .report import PassRecord, Report
 from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
 
 __all__ = ["Fixpoint", "Pipeline", "RunPolicy", "fixpoint", "instrumented"]
-
-Check = Callable[[fx.GraphModule], Any]
 
 _GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = contextvars.ContextVar(
     "fxpass_instruments", default=()
@@ -106,6 +110,9 @@ class Pipeline(Pass):
         suppress_check_failures: record and warn instead of raising when a check fails.
         instrument: instrumentation attached to every run of this pipeline.
         policy: how checks and the round limit apply (see :class:`RunPolicy`).
+        verify_analyses: after each pass that changed the graph, compute the analyses it
+            declares preserved again and fail when they differ (default: the
+            ``FXPASS_VERIFY_ANALYSES`` environment variable).
     """
 
     name = "pipeline"
@@ -124,6 +131,7 @@ class Pipeline(Pass):
         suppress_check_failures: bool = False,
         instrument: Iterable[Instrumentation] = (),
         policy: RunPolicy = _DEFAULT_POLICY,
+        verify_analyses: bool | None = None,
     ) -> None:
         if isinstance(passes, str):  # iterating it would look up a pass per character
             raise TypeError(
@@ -132,6 +140,7 @@ class Pipeline(Pass):
             )
         self._passes: list[Pass] = [as_pass(p) for p in passes]
         self.policy = policy
+        self.verify_analyses = verify_analyses
         if name:
             self.name = name
         self._constraints: list[Any] = []
@@ -285,6 +294,8 @@ class Pipeline(Pass):
             debug_counter=debug_counter,
             enabled=hooks.enabled,
         )
+        if self.verify_analyses is not None:
+            ctx.analyses.verify = self.verify_analyses
         state = ctx._run
         state.recompiler = DeferredRecompile()
         root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
@@ -298,7 +309,7 @@ class Pipeline(Pass):
                 for inst in instruments:
                     inst.before_pipeline(self, gm, ctx)
                 if self.policy.check_input:
-                    _run_checks([self], gm, ctx, "(input)")
+                    run_checks([self], gm, ctx, "(input)")
                 new_gm, modified = self._run_nested(gm, ctx, root)
         except PassFailedError as err:
             state.recompiler.finish(recompile=False)
@@ -465,13 +476,16 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         record.nodes_after = record.nodes_before
         return (gm, False, record) if keep else (gm, False)
     state = ctx._run
+    leaf = not isinstance(p, Pipeline)
     before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
+    watched = watch(p, gm, ctx) if leaf else ()
     state.records.append(record)
     ctx.pass_path.append(p.name)
     for inst in ctx.instruments:
         inst.before_pass(record, gm, ctx)
     if p.needs_code:
         state.recompiler.ensure_code(gm)
+    frame = ctx.analyses.enter(p.name, p.preserves, record)
     t0 = time.perf_counter()
     try:
         ret = p.execute(gm, ctx)
@@ -491,6 +505,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
     finally:
         state.records.pop()
         ctx.pass_path.pop()
+        ctx.analyses.leave(frame, gm, gm, False, leaf=leaf)  # a failed run drops the lot
     record.seconds += time.perf_counter() - t0
     record.runs += 1
     if new_gm is not gm:
@@ -506,6 +521,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
             if note not in record.notes:
                 record.notes.append(note)
     state.fp = (new_gm, after)
+    ctx.analyses.leave(frame, gm, new_gm, changed, leaf=leaf)
     ctx.changed = changed
     record.modified |= changed
     record.nodes_after = len(new_gm.graph.nodes)
@@ -514,50 +530,9 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
     if changed:
         state.recompiler.mark_stale(new_gm)
         state.invariants.extend(c for c in p.invariants if c not in state.invariants)
-    if not isinstance(p, Pipeline):
-        _after_leaf(p, new_gm, ctx, record, changed)
+    if leaf:
+        after_leaf(p, new_gm, ctx, record, changed, watched, frame)
     return (new_gm, changed, record) if keep else (new_gm, changed)
-
-
-def _after_leaf(p: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecord, changed):
-    """After a pass that is not a pipeline: the checks that apply, then count it as ran."""
-    state = ctx._run
-    pipelines = state.checks if changed else [c for c in state.checks if c.policy.check_unchanged]
-    if pipelines:
-        try:
-            _run_checks(pipelines, gm, ctx, p.name)
-        except CheckFailedError as e:
-            record.status = "failed"
-            record.error = str(e).split("\n", 1)[0]
-            for inst in ctx.instruments:
-                inst.on_failure(record, gm, e, ctx)
-            raise
-    state.ran.append(p.name)
-
-
-def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, after: str) -> None:
-    """Run the lint and user checks of ``pipelines`` on ``gm`` (after pass ``after``), and
-    the invariants passes installed (under the innermost pipeline that runs checks)."""
-    state = ctx._run
-    active = [pipe for pipe in pipelines if pipe.run_checks_after_each_pass]
-    for i, pipe in enumerate(active):
-        checks: list[tuple[str, Check]] = []
-        if pipe.lint:
-            checks.append(("lint", lambda g: g.graph.lint()))
-        checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
-        if i == len(active) - 1:
-            checks.extend((getattr(c, "__name__", repr(c)), c) for c in state.invariants)
-        for check_name, check in checks:
-            try:
-                if check(gm) is False:
-                    raise AssertionError("the check returned False")
-            except Exception as e:
-                if not pipe.suppress_check_failures:
-                    raise CheckFailedError(after, check_name, state.ran, e) from e
-                where = "on the input" if after == "(input)" else f"after pass '{after}'"
-                msg = f"check '{check_name}' failed {where}: {type(e).__name__}: {e}"
-                state.suppressed.append(msg)
-                warnings.warn(f"fxpass: suppressed {msg}", stacklevel=2)
 
 
 def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:

@@ -30,7 +30,8 @@ from typing import Any
 
 from torch import fx
 
-from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks
+from .analysis_manager import preserved_names
+from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks, metadata_keys
 from .errors import OptionError, UnknownPassError
 from .imports import resolve_import
 from .options import Option, _Mismatch, bind_options, format_value, options_of, unknown_option
@@ -232,6 +233,8 @@ class Registry:
         applies_to: Mapping[str, Any] | str | None = None,
         needs: Sequence[str] = (),
         followed_by: Sequence[str] = (),
+        preserves: Sequence[Any] | None = None,
+        keeps: Sequence[str] | str | None = None,
     ) -> Any:
         """Register a pass function, :class:`Pass` subclass or object, or pipeline factory.
 
@@ -240,10 +243,12 @@ class Registry:
         under its own name and returns it. With ``index`` or ``pass_list`` the pass is also
         inserted into that pass list (``default`` when only ``index`` is given). Options
         come from the signature (see :mod:`fxpass.core.options`); ``statistics`` declares
-        what the pass counts (name -> description; it becomes the pass's ``statistics``).
+        what the pass counts (name -> description; it becomes the pass's ``statistics``);
         ``applies_to`` limits the pass to ranges of symbolic sizes (see
         :mod:`fxpass.core.ranges`); ``needs`` and ``followed_by`` name passes that must run
-        before and after it (see :mod:`fxpass.core.requirements`).
+        before and after it (see :mod:`fxpass.core.requirements`); ``preserves`` the analyses
+        it keeps valid (see :mod:`fxpass.core.analysis_manager`); ``keeps`` the node metadata
+        it keeps valid (see :data:`fxpass.core.contract.METADATA`).
         Registering a taken name is an error unless ``replace``.
         """
         declared = _declarations(applies_to, needs, followed_by)
@@ -256,6 +261,8 @@ class Registry:
                 origin=origin,
                 statistics=statistics,
                 **declared,
+                preserves=preserves,
+                keeps=keeps,
             )(name)
 
         def decorate(obj: Any) -> Any:
@@ -264,6 +271,12 @@ class Registry:
             for attr, value in declared.items():
                 if value:
                     setattr(obj, attr, value)
+            if preserves is not None:
+                preserved_names(preserves)  # a clear error now, not when the pass runs
+                obj.preserves = tuple(preserves)
+            if keeps is not None:
+                who = f"pass '{name or getattr(obj, 'name', None) or obj.__name__}'"
+                obj.keeps = metadata_keys(keeps, who)
             info = self._info_for(obj, name, takes_pipeline, origin)
             if info.name in self._infos and not replace:
                 raise ValueError(
@@ -440,6 +453,8 @@ def register(
     applies_to: Mapping[str, Any] | str | None = None,
     needs: Sequence[str] = (),
     followed_by: Sequence[str] = (),
+    preserves: Sequence[Any] | None = None,
+    keeps: Sequence[str] | str | None = None,
 ) -> Any:
     """Register a pass in fxpass's registry (see :meth:`Registry.register`).
 
@@ -447,7 +462,9 @@ def register(
     counts with :func:`fxpass.stat`; ``register(rule_set)`` registers a pass object (a
     :class:`~fxpass.RuleSet`, a ``Pipeline``) under its own name. ``applies_to={"tokens":
     (1, 512)}`` limits it to a range of a symbolic size; ``needs=["remove_assert_ops"]`` and
-    ``followed_by=["dce"]`` are passes that must run before and after it.
+    ``followed_by=["dce"]`` are passes that must run before and after it;
+    ``preserves=[positions]`` the analyses it keeps valid; ``keeps=("val", "stack_trace")``
+    the node metadata it keeps valid.
     """
     return REGISTRY.register(
         name,
@@ -458,6 +475,8 @@ def register(
         applies_to=applies_to,
         needs=needs,
         followed_by=followed_by,
+        preserves=preserves,
+        keeps=keeps,
     )
 
 
@@ -467,8 +486,16 @@ def _builtin(
     index: int | None = None,
     pass_list: str | None = None,
     statistics: Mapping[str, str] | None = None,
+    preserves: Sequence[Any] | None = None,
+    keeps: Sequence[str] | str | None = None,
 ):
     """Register one of fxpass's own passes (as :func:`register`)."""
     return REGISTRY.register(
-        name, index=index, pass_list=pass_list, origin="fxpass", statistics=statistics
+        name,
+        index=index,
+        pass_list=pass_list,
+        origin="fxpass",
+        statistics=statistics,
+        preserves=preserves,
+        keeps=keeps,
     )

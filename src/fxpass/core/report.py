@@ -2,7 +2,8 @@
 
 Every run returns a :class:`Report` (``result.report``): the passes that ran, how long each
 took (nested pipelines and fixpoints as subtrees), whether each changed the graph, how many
-nodes it added or removed, the statistics it declared, and any suppressed check failures.
+nodes it added or removed, the statistics it declared, the analyses it computed or was
+served from the cache, and any suppressed check failures.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class PassRecord:
     #: and came close somewhere (its near misses, and how to explain them). A hint is read
     #: with ``str()``: it may say less, or nothing, once later passes fused its sites.
     hints: list[Any] = field(default_factory=list)
+    #: Analyses the pass asked for: name -> [computed, served from the cache]
+    analyses: dict[str, list[int]] = field(default_factory=dict)
 
     def walk(self, depth: int = 0) -> Iterator[tuple[int, PassRecord]]:
         """This record and every record below it, with its depth."""
@@ -61,6 +64,7 @@ class PassRecord:
             "notes": list(self.notes),
             "error": self.error,
             "hints": [str(h) for h in self.hints if str(h)],
+            "analyses": {k: list(v) for k, v in self.analyses.items()},
             "children": [c.to_dict() for c in self.children],
         }
 
@@ -120,6 +124,17 @@ class Report:
             for key, value in rec.stats.items():
                 name = f"{rec.name}.{key}"
                 out[name] = out.get(name, 0) + value
+        return out
+
+    def analysis_counts(self) -> dict[str, dict[str, list[int]]]:
+        """Per pass (summed over repeated runs): analysis -> [computed, served from the
+        cache]. Passes that asked for none are left out."""
+        out: dict[str, dict[str, list[int]]] = {}
+        for rec in self.passes:
+            for name, (computed, cached) in rec.analyses.items():
+                counts = out.setdefault(rec.name, {}).setdefault(name, [0, 0])
+                counts[0] += computed
+                counts[1] += cached
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,7 +22,9 @@ strides), it is assumed to be a kernel whose result may also share its input's m
 NodeMemory(kind='copy', shares=(), fresh=True)
 
 :class:`AliasInfo` is a snapshot of the graph (by the schemas: what *may* alias): rebuild it
-after changing the graph.
+after changing the graph, or tell it what changed — :meth:`AliasInfo.forget` a node that
+went, :meth:`AliasInfo.replace` a value whose uses now read another (the analysis manager
+does this for each change made through the editor, see :mod:`fxpass.core.analyses`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from torch import fx
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.fx import is_erased
 from ..fxutil.values import node_val
 from ..fxutil.views import always_view, returns_view, shares_storage
 from ..ops.stream import is_stream_op
@@ -390,6 +393,46 @@ class AliasInfo:
                 self.written_by[node] = written
             if node.op == "output":
                 self.output = node
+
+    def forget(self, node: fx.Node) -> None:
+        """Drop a node nothing uses (erased, or about to be): no other value shares its
+        memory through it, and a write it made is gone with it."""
+        for r in self._roots.pop(node, ()):
+            holders = self._by_root.get(r)
+            if holders is not None and node in holders:
+                holders.remove(node)
+        self._by_root.pop(node, None)
+        self.pos.pop(node, None)
+        self.written_by.pop(node, None)
+        if self.output is node:
+            self.output = None
+
+    def replace(self, old: fx.Node, new: fx.Node) -> bool:
+        """Take in that ``old``'s users now read ``new`` (and ``old`` may be erased): the
+        values that shared ``old``'s memory through those uses, and the writes into them,
+        now reach ``new``'s. False when either node is not in the snapshot (rebuild it)."""
+        if old not in self.pos or new not in self.pos:
+            return False
+        affected = sorted(
+            (a for a in self._by_root.get(old, ()) if a is not old), key=self.pos.__getitem__
+        )
+        for a in affected:  # bases before their views: graph order
+            roots = {a}
+            for base in aliased_args(a):
+                roots |= self._roots.get(base, {base})
+            was = self._roots[a]
+            for r in was - roots:
+                self._by_root[r].remove(a)
+            for r in roots - was:
+                self._by_root.setdefault(r, []).append(a)
+            self._roots[a] = frozenset(roots)
+        for writer, written in list(self.written_by.items()):
+            if old in written and writer is not old:
+                args = written_args(writer)
+                self.written_by[writer] = frozenset().union(*(self.roots(w) for w in args))
+        if is_erased(old):
+            self.forget(old)
+        return True
 
     def roots(self, node: Any) -> frozenset[fx.Node]:
         """The nodes whose memory ``node``'s value may share (itself included)."""

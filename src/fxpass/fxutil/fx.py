@@ -36,6 +36,7 @@ __all__ = [
     "default_node_name",
     "empty_graph_like",
     "graph_end",
+    "graph_stamp",
     "graph_structure",
     "input_nodes",
     "is_erased",
@@ -206,6 +207,13 @@ def own_graph(module: Any) -> fx.Graph | None:
 def bind_owner(gm: fx.GraphModule) -> None:
     """Make ``gm`` its graph's owning module again (after the graph's state was restored)."""
     gm.__dict__["_graph"]._owning_module = gm
+
+
+def graph_stamp(graph: fx.Graph) -> tuple[int, int]:
+    """A constant-time stamp that changes when a node is inserted or erased: the node
+    count and the number of names the graph ever handed out (each new node takes one).
+    Rewiring arguments does not change it (the fingerprint of ``core.snapshot`` sees that)."""
+    return graph._len, len(graph._graph_namespace._used_names)
 
 
 def graph_structure(graph: fx.Graph) -> list[tuple]:

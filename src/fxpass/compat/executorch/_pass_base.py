@@ -50,7 +50,8 @@ from ...fxutil.fx import (
     make_lazy_module,
     nodes_after,
 )
-from ...interpret import FAKE_RESULTS, InterpreterPass
+from ...fxutil.values import FAKE_RESULTS
+from ...interpret import InterpreterPass
 from ._values import (
     ProxyValue,
     RawInput,

@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.fx import Node, Proxy
 from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from ...fxutil.layout import memory_order, same_layout
+from ...fxutil.values import FakeEvaluator, Strictness
 from ...rewrite.constraint import value_of
 
 aten = torch.ops.aten
@@ -31,18 +31,18 @@ def _node(v: Any) -> Any:
     return v.node if isinstance(v, Proxy) else v
 
 
+#: A fused op's fake kernel that cannot run on a site's values declines the site (the
+#: failure is kept in ``failures`` and logged), it does not fail the pass.
+_FAKE = FakeEvaluator(strictness=Strictness.LENIENT, new_mode=False, owner="fusion")
+
+
 def fake_result(op: Any, *args: Any) -> Any:
     """``op``'s fake kernel on the fake values of ``args`` (nodes or proxies; other
     arguments as they are); None where a value is missing or the kernel raises."""
     vals = [value_of(_node(a)) if isinstance(_node(a), Node) else a for a in args]
-    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    if mode is None:
+    if not any(isinstance(v, torch.Tensor) for v in vals):
         return None
-    try:
-        with mode:
-            return op(*vals)
-    except Exception:
-        return None
+    return _FAKE.run(op, tuple(vals))
 
 
 def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
