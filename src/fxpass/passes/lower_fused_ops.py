@@ -50,6 +50,7 @@ def _is_fxpass_op(node: fx.Node) -> bool:
 @_builtin(
     "lower_fused_ops",
     statistics={"lowered": "fxpass:: op calls replaced by torch's own ops"},
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
 def lower_fused_ops(gm: fx.GraphModule) -> bool:
     """Replace every ``torch.ops.fxpass`` call with its decomposition into torch's own ops,
