@@ -255,12 +255,13 @@ class InductorMatching(Interpreter):
                     ),
                 )
         matched = dict.fromkeys(st.nodes)
-        outs = list(st.roots)
+        outs = list(st.roots) + [env[name] for name in rule.outputs]
         soft = _seen_through(st.chains, matched, outs) if st.chains else []
-        if len(outs) > 1 or rule.outputs:
+        dropped = _droppable_users(matched, outs, rule.drop_users) if self.relaxed else []
+        if len(outs) > 1 or self.relaxed:  # several outputs, or inner nodes used outside
             order = st.order() if callable(st.order) else st.order
             if order is not None:
-                hi = max(sort_key(r) for r in outs)
+                hi = max(sort_key(r) for r in st.roots)
                 via = find_cycle(order, set(matched).union(soft), hi)
                 if via is not None:
                     return self.no(
@@ -272,10 +273,25 @@ class InductorMatching(Interpreter):
             bindings=dict(env),
             nodes=list(matched),
             outputs=outs,
+            dropped=dropped,
             chains=list(st.chains),
             seen_through=soft,
         )
         return True
+
+
+def _droppable_users(matched: dict, outs: list, drop: frozenset) -> list[Node]:
+    """Checks (export's asserts) hanging off inner nodes: with the user counts relaxed they
+    no longer block a match, and go with it."""
+    out_set = set(outs)
+    found = []
+    for n in matched:
+        if n in out_set or not isinstance(n, Node):
+            continue
+        for u in n.users:
+            if u not in matched and not u.users and u.op == "call_function" and u.target in drop:
+                found.append(u)
+    return found
 
 
 def _seen_through(chains: list, matched: dict, outs: list) -> list[Node]:

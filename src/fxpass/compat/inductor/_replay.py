@@ -57,6 +57,10 @@ class Replay:
         self.literals = literals or {}
         self.made: list[tuple[Node, Node]] = []  # (traced node, its copy)
         self.result: tuple[Any, ...] = ()  # what it returned, per output of the match
+        #: inner nodes of the match that other nodes still use (the improvements allow it):
+        #: each gets the copy computing the same value, if the replacement has one
+        self.shared: list[Node] = []
+        self.chains: set[Node] = set()  # views and no-op casts the match saw through
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.sym_phs = phs[: len(self.sources)]
         self.in_phs = phs[len(self.sources) :]
@@ -127,7 +131,25 @@ class Replay:
         out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output").args[0]
         result = map_aggregate(out, arg)
         self.result = tuple(result) if isinstance(result, (list, tuple)) else (result,)
+        if self.shared:
+            return self.result + tuple(self._same_as(graph, n) for n in self.shared)
         return tuple(result) if isinstance(result, (list, tuple)) else result
+
+    def _same_as(self, graph: fx.Graph, old: Node) -> Node:
+        """A node of the replacement computing what ``old`` computes (the same op on the
+        same values) — for a view or no-op cast the match saw through, that op redone on
+        the replacement's value of its input — else ``old`` itself (it stays for its other
+        users)."""
+        for _, new in self.made:
+            if new.target is old.target and new.args == old.args and new.kwargs == old.kwargs:
+                return new
+        if old in self.chains and isinstance(old.args[0], Node):
+            src = self._same_as(graph, old.args[0])
+            if src is not old.args[0]:
+                new = new_node(graph, old.op, old.target, (src, *old.args[1:]), dict(old.kwargs))
+                self.made.append((old, new))
+                return new
+        return old
 
     def _attr(self, graph: fx.Graph, n: Node) -> Node:
         value = self.gm.get_submodule(n.target) if _is_module(self.gm, n.target) else None
@@ -216,6 +238,11 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
     run = match._run
     rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
     found = match._found
+    nodes = _nodes(match, found) + extra_nodes
+    region = set(nodes).union(found.dropped if found is not None else ())
+    out_set = set(outs)
+    replay.shared = [n for n in nodes if n not in out_set and any(u not in region for u in n.users)]
+    replay.chains = {n for chain in (found.chains if found is not None else ()) for n in chain}
     rule = copy.copy(found.rule) if found is not None else _stub_rule(name)
     rule.name = name
     rule.replacement = _Pick(replay, pick) if pick is not None else replay
@@ -223,8 +250,9 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
         rule=rule,
         root=outs[0],
         bindings=dict(found.bindings) if found is not None else {},
-        nodes=_nodes(match, found) + extra_nodes,
-        outputs=outs,
+        nodes=nodes,
+        outputs=outs + replay.shared,
+        dropped=list(found.dropped) if found is not None else [],
         chains=list(found.chains) if found is not None else [],
         seen_through=list(found.seen_through) if found is not None else [],
     )
@@ -255,10 +283,13 @@ class _Pick:
         self.pick = pick
 
     def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+        shared = self.replay.shared
+        self.replay.shared = []
         values = self.replay._fxpass_replace(match, bindings)
+        self.replay.shared = shared
         picked = tuple(values[i] for i in self.pick)
         self.replay.result = picked
-        return picked
+        return picked + tuple(self.replay._same_as(match.graph, n) for n in shared)
 
 
 def _stub_rule(name: str) -> Any:
