@@ -79,6 +79,15 @@ class ArgInfo:
             flat.extend(names)
         return ArgInfo(list(argnames), flat, specs, names_of)
 
+    def structure(self, flat: Sequence[Any]) -> list[Any]:
+        """Flat values -> one value (a pytree) per parameter."""
+        out, i = [], 0
+        for name in self.argnames:
+            n = len(self.names_of[name])
+            out.append(pytree.tree_unflatten(list(flat[i : i + n]), self.specs[name]))
+            i += n
+        return out
+
     def unflatten(
         self, kwargs: dict[str, Any], defaults: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -281,7 +290,7 @@ class ReplacementRecipe:
                 self.search_fn.__name__,
                 e,
             )
-            gm = self._trace(self.search_fn, list(self.flat_inputs))
+            gm = self._trace(self.search_fn, self.info.structure(self.flat_inputs))
             self.search_gm = gm
             return graph_to_pattern(
                 gm,
@@ -299,7 +308,7 @@ class ReplacementRecipe:
         guards: list[Guards] = []
         specific = None
         if self.given_pattern is None:
-            search = trace_symbolic(self._trace, self.search_fn, inputs)
+            search = trace_symbolic(self._trace, self.search_fn, self.info.structure(inputs))
             self.search_gm = search.gm
             common = {
                 "argnames": self.info.flat_names,
@@ -310,7 +319,7 @@ class ReplacementRecipe:
             self._blind = graph_to_pattern(search.gm, ignore_types=IGNORED_TYPES, **common)
             specific = graph_to_pattern(search.gm, **common)
             guards.append(Guards.of(search))
-        replacement = trace_symbolic(self._trace, self.replace_fn, inputs)
+        replacement = trace_symbolic(self._trace, self.replace_fn, self.info.structure(inputs))
         guards.append(Guards.of(replacement))
         return Variant(specific, replacement, guards)
 
@@ -319,7 +328,8 @@ class ReplacementRecipe:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode()
-        args = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+        flat = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+        args = self.info.structure(flat)
         with mode:
             specific = None
             if self.given_pattern is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 from torch.fx import Node
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -158,10 +159,11 @@ def _symbolic_inputs(inputs: Sequence[Any]) -> tuple[Any, list, list, list]:
     )
 
     mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False))
+    leaves, spec = pytree.tree_flatten(list(inputs))
     fakes: list[Any] = []
     syms: list[Any] = []
     sources: list[tuple[int, str, int]] = []
-    for i, x in enumerate(inputs):
+    for i, x in enumerate(leaves):
         if not isinstance(x, torch.Tensor):
             fakes.append(x)
             continue
@@ -175,7 +177,7 @@ def _symbolic_inputs(inputs: Sequence[Any]) -> tuple[Any, list, list, list]:
                 ):
                     syms.append(v)
                     sources.append((i, kind, d))
-    return mode, fakes, syms, sources
+    return mode, pytree.tree_unflatten(fakes, spec), syms, sources
 
 
 def trace_symbolic(
@@ -184,8 +186,9 @@ def trace_symbolic(
     inputs: Sequence[Any],
 ) -> SymbolicTrace:
     """``trace(fn', syms + fakes)``: ``fn`` traced with symbolic sizes (see the module
-    docstring). ``inputs`` are example values (tensors stand for their dtype, device, rank
-    and which sizes are 0 or 1)."""
+    docstring). ``inputs`` are example values, one per parameter of ``fn`` (tensors, or
+    pytrees of them, stand for their dtype, device, rank and which sizes are 0 or 1);
+    ``sources`` index their leaves."""
     mode, fakes, syms, sources = _symbolic_inputs(inputs)
     n = len(syms)
 
