@@ -68,10 +68,13 @@ def test_literals_compare_by_equality_and_nodes_never_equal_literals():
     assert agree(lambda pm: pm.CallFunction(aten.add.Tensor, pm.Arg(), 1), gm)[0] == 2
     assert agree(lambda pm: pm.CallFunction(aten.add.Tensor, pm.Arg(), 2), gm)[0] == 1
     assert agree(lambda pm: pm.CallFunction(aten.add.Tensor, pm.Arg(), pm.Arg()), gm)[0] == 4
-    node = lambda pm: pm.CallFunction(
-        aten.add.Tensor, pm.Arg(), pm.CallFunction(aten.mul.Tensor, pm.Arg(), pm.Arg())
-    )  # noqa: E731
-    assert agree(node, gm)[0] == 0  # the mul is the add's first operand: no commuting
+
+    def mul_second(pm):
+        return pm.CallFunction(
+            aten.add.Tensor, pm.Arg(), pm.CallFunction(aten.mul.Tensor, pm.Arg(), pm.Arg())
+        )
+
+    assert agree(mul_second, gm)[0] == 0  # the mul is the add's first operand: no commuting
 
 
 def test_an_inner_node_must_have_the_users_the_pattern_gives_it():
@@ -208,7 +211,7 @@ def test_overlapping_sites_are_taken_from_the_last():
         return torch.sin(torch.sin(torch.sin(torch.sin(x))))
 
     gm = make_graph(f, x_(3))
-    count, seen = agree(
+    count, _ = agree(
         lambda pm: pm.CallFunction(aten.sin.default, pm.CallFunction(aten.sin.default, pm.Arg())),
         gm,
     )
@@ -222,9 +225,10 @@ def test_a_match_never_spans_a_mutation():
         return a + x
 
     gm = torch.fx.symbolic_trace(f)
-    pattern = lambda pm: pm.CallFunction(
-        operator.add, pm.CallFunction(torch.sin, pm.Arg()), pm.Arg()
-    )  # noqa: E731
+
+    def pattern(pm):
+        return pm.CallFunction(operator.add, pm.CallFunction(torch.sin, pm.Arg()), pm.Arg())
+
     assert agree(pattern, gm)[0] == 0
 
 
