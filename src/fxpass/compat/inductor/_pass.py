@@ -60,7 +60,18 @@ class ApplyStats:
 
 class PatternMatcherPass:
     """Registry of patterns to match and replace in FX graphs (Inductor's
-    ``PatternMatcherPass``; ``improve`` as :func:`set_improvements`, None: the global)."""
+    ``PatternMatcherPass``; ``improve`` as :func:`set_improvements`, None: the global).
+
+    It is also an fxpass pass (``call(gm)``): in a pipeline, ``fxpass.apply(ep, pm)``, its
+    report counts the matches, the extra sites and each pattern's tries and matches, and
+    names the near misses of a pattern that matched few of the nodes it was tried at."""
+
+    statistics = {
+        "matches": "matches applied",
+        "extra_sites": "matches only the improvements found",
+        "<pattern>.tried": "nodes each pattern was tried at",
+        "<pattern>.matched": "matches each pattern made",
+    }
 
     def __init__(
         self,
@@ -85,6 +96,15 @@ class PatternMatcherPass:
     def __call__(self, graph: fx.Graph | fx.GraphModule) -> None:
         """Apply the patterns (Inductor calls a pass installed at its post-grad hooks so)."""
         self.apply(graph)
+
+    @property
+    def name(self) -> str:
+        """The pass's name in fxpass reports."""
+        return self.pass_name or "pattern_matcher"
+
+    def call(self, gm: fx.GraphModule) -> bool:
+        """The fxpass pass contract: apply, and say whether anything changed."""
+        return self.apply(gm) > 0
 
     def apply(self, gm: fx.GraphModule | fx.Graph) -> int:
         """Apply all registered patterns to the graph; returns the number of matches."""

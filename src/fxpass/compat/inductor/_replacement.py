@@ -214,7 +214,7 @@ def register_replacement(
         if found is None:
             if explaining:
                 why = explain_failure(specific, node, match._extra)
-                return f"the search function traced for these values does not match: {why}"
+                return f"{why} (the search function traced for the matched values)"
             return False
         found.kwargs = info.unflatten(found.kwargs, defaults=structured)
         found._run = match._run
