@@ -144,12 +144,12 @@ def why_not(entry: PatternEntry, node: Node, improve: bool) -> tuple[bool, bool,
 
 def _check_failure(entry: PatternEntry, m: Match) -> str | None:
     explain = getattr(entry, "explain_check", None)
-    if explain is not None:
-        return explain(m)
     try:
+        if explain is not None:
+            return explain(m)
         ok = entry.extra_check(m)
     except Exception as e:
-        return f"extra_check raised {type(e).__name__}: {e}"
+        return f"the check raised {type(e).__name__}: {e}"
     return None if ok else "extra_check returned False"
 
 
