@@ -41,10 +41,12 @@ from ._exprs import (
     _TargetArgsExpr,
     _TargetExpr,
     _TargetExprVarArgs,
+    walk,
 )
 
 __all__ = [
     "Compiled",
+    "argument_values",
     "Exclusive",
     "InductorRule",
     "Items",
@@ -131,33 +133,20 @@ class OpCall(_P):
         return type(mod) in self.expr.fns_set
 
     def values(self, v: Node) -> list[Any] | None:
-        """The node's argument values in the pattern's order, or None when their number or
-        keywords differ (Inductor normalizes against the schema when keywords are missing)."""
-        args, kwargs = v.args, v.kwargs
-        if len(args) != self.nargs:
-            return None
-        names = self.kw_names
-        if not names:
-            return list(args)
-        if len(kwargs) < len(names):
-            normalized = _normalize(v)
-            if normalized is None:
-                return None
-            args, kwargs = normalized
-            if len(args) != self.nargs:
-                return None
-        if [k for k in kwargs if k in names] != list(names):
-            return None
-        return [*args, *(kwargs[k] for k in names)]
+        """The node's argument values in the pattern's order (:func:`argument_values`)."""
+        return argument_values(v, self.nargs, self.kw_names)
 
     def finish(self) -> None:
         """Split the slots into literals and sub-patterns (after sharing is known)."""
         self.lits = [(i, s) for i, s in enumerate(self.slots) if not isinstance(s, Pattern)]
-        self.subs = [
+        subs = [
             (i, s)
             for i, s in enumerate(self.slots)
             if isinstance(s, Pattern) and not (s.free and not s._shared)
         ]
+        # op patterns first: they fail fastest (the order of checks changes no result)
+        subs.sort(key=lambda sub: 1 if isinstance(sub[1], (OpCall, Through)) else sub[1].RANK)
+        self.subs = subs
         self.args = [s for s in self.slots if isinstance(s, Pattern)]
 
     def children(self):
@@ -165,6 +154,27 @@ class OpCall(_P):
 
     def __repr__(self) -> str:
         return repr(self.expr)
+
+
+def argument_values(v: Node, nargs: int, names: tuple[str, ...]) -> list[Any] | None:
+    """``v``'s positional arguments then its keywords ``names``, or None when it has not
+    ``nargs`` positional arguments or lacks those keywords (Inductor normalizes against the
+    schema when keywords are missing; other keywords are ignored)."""
+    args, kwargs = v.args, v.kwargs
+    if len(args) != nargs:
+        return None
+    if not names:
+        return list(args)
+    if len(kwargs) < len(names):
+        normalized = _normalize(v)
+        if normalized is None:
+            return None
+        args, kwargs = normalized
+        if len(args) != nargs:
+            return None
+    if [k for k in kwargs if k in names] != list(names):
+        return None
+    return [*args, *(kwargs[k] for k in names)]
 
 
 def _normalize(v: Node) -> tuple[tuple, dict] | None:
@@ -232,6 +242,7 @@ class Compiled:
     outputs: list[PatternExpr | None]
     sizes: list[SizeLeaf] = field(default_factory=list)
     relaxed: bool = False
+    multi_user: set[int] = field(default_factory=set)  # ids of expressions with many users
 
 
 class _NoReplacement:
@@ -243,7 +254,9 @@ class _NoReplacement:
 
 def compile_pattern(expr: PatternExpr, *, relaxed: bool = False) -> Compiled:
     """The fxpass rule for ``expr`` (cached on it; patterns are not changed once used)."""
-    cache = expr.__dict__.setdefault("_fxpass_compiled", {})
+    cache = expr.__dict__.get("_fxpass_compiled")
+    if cache is None:
+        cache = expr.__dict__["_fxpass_compiled"] = {}
     hit = cache.get(relaxed)
     if hit is None:
         hit = cache[relaxed] = _Translator(relaxed).compile(expr)
@@ -297,7 +310,8 @@ class _Translator:
         rule.sizes = tuple(self.sizes)
         for c in self.calls:
             c.finish()
-        return Compiled(expr, rule, self.names, outputs, self.sizes, self.relaxed)
+        multi_user = {id(e) for e in walk(expr) if e.has_multiple_users()}
+        return Compiled(expr, rule, self.names, outputs, self.sizes, self.relaxed, multi_user)
 
     def pattern(self, e: Any, *, nested: bool = False) -> Pattern:
         key = (id(e), nested and isinstance(e, (Arg, Ignored, KeywordArg, ExclusiveKeywordArg)))

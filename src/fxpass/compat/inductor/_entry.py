@@ -42,9 +42,11 @@ __all__ = [
 log = logging.getLogger("torch._inductor.pattern_matcher")
 
 
-def debug_node(name: str) -> bool:
-    """Whether ``TORCHINDUCTOR_PATTERN_MATCH_DEBUG`` asks for the attempts at this node."""
-    value = os.environ.get("TORCHINDUCTOR_PATTERN_MATCH_DEBUG")
+def debug_node(name: str, value: str | None = None) -> bool:
+    """Whether ``TORCHINDUCTOR_PATTERN_MATCH_DEBUG`` (or ``value``, read from it) asks for the
+    attempts at this node."""
+    if value is None:
+        value = os.environ.get("TORCHINDUCTOR_PATTERN_MATCH_DEBUG")
     if not value:
         return False
     return value == "all" or name in value.split(",")

@@ -217,9 +217,12 @@ class _TargetArgsExpr(_TargetExpr):
         return flat, spec
 
     def children(self) -> Iterator[PatternExpr]:
-        for x in self.flat_args_kwargs[0]:
-            if isinstance(x, PatternExpr):
-                yield x
+        kids = self.__dict__.get("_children")
+        if kids is None:  # a pattern's arguments do not change once it is used
+            kids = self.__dict__["_children"] = [
+                x for x in self.flat_args_kwargs[0] if isinstance(x, PatternExpr)
+            ]
+        return iter(kids)
 
     def __repr__(self) -> str:
         parts = [self.fns_repr(), *map(repr, self.args)]

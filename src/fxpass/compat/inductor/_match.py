@@ -28,7 +28,6 @@ from ._exprs import (
     PatternExpr,
     _TargetArgsExpr,
     _TargetExprVarArgs,
-    walk,
 )
 
 __all__ = ["Match", "MatchContext", "assemble"]
@@ -136,13 +135,76 @@ def _rule_name(m: Match) -> str:
     return run.entry_name if run is not None else "pattern_matcher"
 
 
+_ARG, _KW, _NODE, _VARARGS, _OTHER = range(5)
+
+
+def _steps(compiled: Compiled) -> list[tuple] | None:
+    """The order in which :func:`assemble` visits the expressions, worked out once: (what,
+    expression, binding name); None for a pattern with a ``ListOf`` (visited per match)."""
+    steps: list[tuple] = []
+    seen: set[int] = set()
+    names = compiled.names
+
+    def walk(e: PatternExpr) -> bool:
+        if id(e) in seen:
+            return True
+        seen.add(id(e))
+        name = names.get(id(e))
+        if isinstance(e, Arg):
+            steps.append((_ARG, e, name))
+        elif isinstance(e, (KeywordArg, ExclusiveKeywordArg)):
+            steps.append((_KW, e, name))
+        elif isinstance(e, _TargetArgsExpr):
+            if not all(walk(c) for c in e.children()):
+                return False
+            steps.append((_NODE, e, name))
+        elif isinstance(e, _TargetExprVarArgs):
+            steps.append((_VARARGS, e, name))
+        elif isinstance(e, ListOf):
+            return False
+        elif isinstance(e, MultiOutputPattern):
+            return all(walk(o) for o in e.outputs if o is not None)
+        else:
+            steps.append((_OTHER, e, name))
+        return True
+
+    return steps if walk(compiled.expr) else None
+
+
 def assemble(compiled: Compiled, env: dict[str, Any], graph: fx.Graph) -> Match:
     """Inductor's match of ``compiled.expr`` from fxpass's bindings ``env``: what each
     pattern expression matched, gathered in the order Inductor's matcher gathers it."""
     ctx = MatchContext(compiled.outputs, graph=graph)
-    names = compiled.names
     top = Match(ctx, compiled.expr)
-    multi_user = {id(e) for e in walk(compiled.expr) if e.has_multiple_users()}
+    steps = compiled.__dict__.get("steps", ...)
+    if steps is ...:
+        steps = compiled.__dict__["steps"] = _steps(compiled)
+    if steps is not None:  # the common case: no list patterns, a flat walk
+        p2n, args, kwargs, nodes, targets = (
+            ctx.pattern_to_node,
+            top.args,
+            top.kwargs,
+            top.nodes,
+            top.targets,
+        )
+        for what, e, name in steps:
+            node = env.get(name) if name is not None else None
+            p2n[e] = node
+            if what == _NODE:
+                nodes.append(node)
+                targets[e] = node.target
+            elif what == _KW:
+                kwargs[e.name] = node
+            elif what == _ARG:
+                args.append(node)
+            elif what == _VARARGS:
+                nodes.append(node)
+                targets[e] = node.target
+                args.extend(node.args)
+                kwargs.update(node.kwargs)
+        return top
+    names = compiled.names
+    multi_user = compiled.multi_user
 
     def visit(e: PatternExpr, into: Match, env: dict[str, Any], seen: set[int], p2n: Any) -> None:
         if id(e) in seen:

@@ -117,8 +117,6 @@ class PatternMatcherPass:
             key = (node.op, _target(node))
             if node.op == "call_module" and key not in self.patterns:
                 continue
-            if run.skip(node):
-                continue
             for entry in self.patterns[key]:
                 if is_erased(node):
                     break
@@ -163,6 +161,7 @@ def _target(node: Node) -> Any:
 
 
 _BACKEND = os.environ.get("TORCHINDUCTOR_PATTERN_MATCH_BACKEND", "inductor")
+_WALK = 256  # a match spanning more nodes is checked against the list of mutating ops
 
 
 class _Run:
@@ -179,8 +178,12 @@ class _Run:
         self.entry_name = name
         self._mutations: list[Any] | None = None
         from torch._dynamo.utils import counters
+        from torch._inductor import config
 
         self.counters = counters
+        self.cpp = config.disable_cpp_codegen
+        self._skips: dict[Node, bool] = {}
+        self.debug = os.environ.get("TORCHINDUCTOR_PATTERN_MATCH_DEBUG") or None
 
     def candidates(self) -> list[Node]:
         nodes: list[Node] = []
@@ -197,8 +200,15 @@ class _Run:
 
     def skip(self, node: Node) -> bool:
         """Inductor leaves nodes it would not lower alone (meta, complex, sparse tensors...);
-        the improvements keep meta tensors (graphs matched before they hold data)."""
-        return unsupported_node(node, allow_meta=self.improve)
+        the improvements keep meta tensors (graphs matched before they hold data). Asked
+        once a pattern matches there (the verdict does not depend on the pattern), and
+        remembered for the node."""
+        verdict = self._skips.get(node)
+        if verdict is None:
+            verdict = self._skips[node] = unsupported_node(
+                node, allow_meta=self.improve, cpp=self.cpp
+            )
+        return verdict
 
     # ----- one entry at one node ----------------------------------------------------------
     def try_entry(self, entry: PatternEntry, node: Node) -> None:
@@ -206,11 +216,16 @@ class _Run:
         self.entry_name = name
         tally = self.stats.by_entry.setdefault(name, [0, 0])
         tally[0] += 1
+        debug = self.debug is not None and debug_node(node.name, self.debug)
+        if debug and self.skip(node):
+            return
         m = find(entry.pattern, node, self.state, self.improve)
-        if debug_node(node.name):
+        if debug:
             shown = m if m is not None else explain_failure(entry.pattern, node, self.improve)
             log.warning("%s%s %s %s", node, node.args, shown, entry.pattern)
-        if m is None or not self.one_region(m.nodes) or not _one_stream(m.nodes):
+        if m is None or self.skip(node):
+            return
+        if not self.one_region(m.nodes) or not _one_stream(m.nodes):
             return
         m._run = self
         if not _truthy(entry.extra_check(m)):
@@ -235,16 +250,22 @@ class _Run:
 
     # ----- mutation regions ---------------------------------------------------------------
     def one_region(self, nodes: list[Node]) -> bool:
-        """Whether no mutating op lies between the first and the last of ``nodes`` (Inductor:
-        all in one mutation region)."""
+        """Whether no mutating op lies after the first of ``nodes`` up to the last (Inductor:
+        all in one mutation region). Walks the span of the match; a long one looks the
+        mutating ops up in a sorted list of them instead."""
         if len(nodes) < 2:
             return True
+        lo = min(nodes, key=sort_key)
+        hi = max(nodes, key=sort_key)
+        n, steps = lo.next, 0
+        while n is not hi and steps < _WALK:
+            if is_mutation_op(n):
+                return False
+            n, steps = n.next, steps + 1
+        if n is hi:
+            return not is_mutation_op(hi)
         keys = self._mutation_keys()
-        if not keys:
-            return True
-        lo = min(sort_key(n) for n in nodes)
-        hi = max(sort_key(n) for n in nodes)
-        return bisect_right(keys, hi) == bisect_right(keys, lo)  # none in (lo, hi]
+        return bisect_right(keys, sort_key(hi)) == bisect_right(keys, sort_key(lo))
 
     def _mutation_keys(self) -> list[Any]:
         if self._mutations is None:

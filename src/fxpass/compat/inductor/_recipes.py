@@ -28,8 +28,8 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch.fx import Node
 
-from ._exprs import PatternExpr
-from ._replay import Replay, apply_replay
+from ._exprs import CallFunction, Ignored, MultiOutputPattern, PatternExpr, SizeExpr
+from ._replay import Plan, Replay, apply_replay
 from ._trace import (
     IGNORED_TYPES,
     SymbolicTrace,
@@ -96,6 +96,9 @@ class ArgInfo:
         out: dict[str, Any] = {}
         for name in self.argnames:
             names = self.names_of[name]
+            if names == [name] and name in kwargs and self.specs[name].is_leaf():
+                out[name] = kwargs.pop(name)  # one tensor: nothing to rebuild
+                continue
             found = [n for n in names if n in kwargs]
             if len(found) != len(names):
                 if defaults is not None and name in defaults and not found:
@@ -140,20 +143,27 @@ def _concrete(seq: Sequence[Any]) -> bool:
     return all(isinstance(s, int) for s in seq)
 
 
-def signature(values: Sequence[Any]) -> tuple:
+def _contiguous(shape: Sequence[int], stride: Sequence[Any]) -> bool:
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def signature(values: Sequence[Any], grads: Sequence[bool] | None = None) -> tuple:
     """What a trace with symbolic sizes depends on: per tensor its dtype, device, rank,
-    which sizes are 0 or 1, whether it is contiguous and requires grad; other values
-    themselves."""
+    which sizes are 0 or 1, whether it is contiguous and requires grad (``grads[i]`` when
+    given: the example's, as the trace sees it); other values themselves."""
     out: list[Any] = []
-    for v in values:
+    for i, v in enumerate(values):
         if isinstance(v, torch.Tensor):
             shape = tuple(v.shape)
             small = tuple(s if isinstance(s, int) and s < 2 else -1 for s in shape)
-            try:
-                contiguous = bool(v.is_contiguous()) if _concrete(shape) else None
-            except Exception:
-                contiguous = None
-            out.append(("T", v.dtype, str(v.device), v.dim(), small, contiguous, v.requires_grad))
+            contiguous = _contiguous(shape, v.stride()) if _concrete(shape) else None
+            grad = grads[i] if grads is not None else v.requires_grad
+            out.append(("T", v.dtype, str(v.device), v.dim(), small, contiguous, grad))
         else:
             try:
                 hash(v)
@@ -223,9 +233,16 @@ class Variant:
     specific: PatternExpr | None
     replacement: SymbolicTrace
     guards: list[Guards]
+    plan: Plan | None = None
+    #: when the registered pattern comes from this variant's trace: per op expression of
+    #: it, the arguments it ignores and what the specific pattern wants there (checking
+    #: them is the specific match, without matching again)
+    slots: list[tuple[Any, list[tuple[int, Any]]]] | None = None
 
     def replay(self, args: Sequence[Any], literals: dict[Any, Any]) -> Replay:
-        return Replay(self.replacement.gm, args, self.replacement.sources, literals)
+        if self.plan is None:
+            self.plan = Plan(self.replacement.gm)
+        return Replay(self.replacement.gm, args, self.replacement.sources, literals, self.plan)
 
 
 class ReplacementRecipe:
@@ -268,14 +285,22 @@ class ReplacementRecipe:
             return self.trace_fn(fn, args)
         return self.trace_fn(fn, args, get_decomp_fn=self.get_decomp_fn)
 
-    def with_grads(self, values: Sequence[Any]) -> list[Any] | None:
-        """The match's values as the search function is traced with them: tensors require
-        grad where the example inputs did (None: an integer tensor would have to)."""
+    def grads_ok(self, values: Sequence[Any]) -> bool:
+        """Whether the match's values can be traced as the examples were: no integer
+        tensor where an example required grad (Inductor's check rejects those)."""
+        return not any(
+            grad
+            and isinstance(v, torch.Tensor)
+            and not (v.dtype.is_floating_point or v.dtype.is_complex)
+            for v, grad in zip(values, self.requires_grad)
+        )
+
+    def _with_grads(self, values: Sequence[Any]) -> list[Any]:
+        """The values as the functions are traced with them: requiring grad where the
+        example inputs did."""
         out = []
         for v, grad in zip(values, self.requires_grad):
             if isinstance(v, torch.Tensor) and v.requires_grad != grad:
-                if grad and not (v.dtype.is_floating_point or v.dtype.is_complex):
-                    return None
                 v = v.detach().requires_grad_(grad)
             out.append(v)
         return out
@@ -299,14 +324,14 @@ class ReplacementRecipe:
                 scalar_workaround=self.workaround,
                 exclusive_arg_names=self.exclusive,
             )
-        self.variants[signature(self.flat_inputs)] = variant
+        self.variants[signature(self.flat_inputs, self.requires_grad)] = variant
         return self._blind
 
     def _variant(self, inputs: Sequence[Any]) -> Variant:
         """Trace the search and replacement functions with symbolic sizes (``inputs`` give
         dtypes, devices, ranks and the sizes the trace starts from)."""
         guards: list[Guards] = []
-        specific = None
+        specific = slots = None
         if self.given_pattern is None:
             search = trace_symbolic(self._trace, self.search_fn, self.info.structure(inputs))
             self.search_gm = search.gm
@@ -316,12 +341,15 @@ class ReplacementRecipe:
                 "exclusive_arg_names": self.exclusive,
                 "sources": search.sources,
             }
-            self._blind = graph_to_pattern(search.gm, ignore_types=IGNORED_TYPES, **common)
+            blind = graph_to_pattern(search.gm, ignore_types=IGNORED_TYPES, **common)
             specific = graph_to_pattern(search.gm, **common)
             guards.append(Guards.of(search))
+            if self._blind is None:  # the pattern to register: checked by its slots
+                self._blind = blind
+                slots = literal_slots(blind, specific)
         replacement = trace_symbolic(self._trace, self.replace_fn, self.info.structure(inputs))
         guards.append(Guards.of(replacement))
-        return Variant(specific, replacement, guards)
+        return Variant(specific, replacement, guards, slots=slots)
 
     def _static_variant(self, values: Sequence[Any]) -> Variant:
         """A trace of the match's own sizes (its sizes broke a symbolic trace's guards)."""
@@ -345,12 +373,12 @@ class ReplacementRecipe:
 
     def variant_for(self, values: Sequence[Any]) -> Variant | None:
         """The variant for a match's flat input values (tensors: their ``meta['val']``,
-        see :meth:`with_grads`); None when its sizes cannot be traced."""
-        key = signature(values)
+        see :meth:`grads_ok`); None when its sizes cannot be traced."""
+        key = signature(values, self.requires_grad)
         v = self.variants.get(key, ...)
         if v is ...:
             try:
-                v = self._variant(values)
+                v = self._variant(self._with_grads(values))
             except Exception as e:
                 log.info("tracing %s for %s failed: %s", self.search_fn.__name__, key, e)
                 v = None
@@ -364,11 +392,66 @@ class ReplacementRecipe:
         v = self.variants.get(key, ...)
         if v is ...:
             try:
-                v = self.variants[key] = self._static_variant(values)
+                v = self.variants[key] = self._static_variant(self._with_grads(values))
             except Exception as e:
                 log.info("tracing %s for %s failed: %s", self.search_fn.__name__, static, e)
                 v = self.variants[key] = None
         return v
+
+
+def literal_slots(blind: PatternExpr, specific: PatternExpr) -> list | None:
+    """Pair the registered (size-blind) pattern with the specific one traced from the same
+    graph: for each op expression of the blind one, (argument index, what the specific one
+    has there) where the blind one ignores it. None if the two do not line up."""
+    out: list[tuple[Any, list[tuple[int, Any]]]] = []
+    seen: set[int] = set()
+
+    def pair(b: Any, s: Any) -> bool:
+        if id(b) in seen:
+            return True
+        seen.add(id(b))
+        if isinstance(b, MultiOutputPattern):
+            return (
+                isinstance(s, MultiOutputPattern)
+                and len(b.outputs) == len(s.outputs)
+                and all(x is None or pair(x, y) for x, y in zip(b.outputs, s.outputs))
+            )
+        if not isinstance(b, CallFunction):
+            return type(b) is type(s)
+        if not isinstance(s, CallFunction) or b.fns != s.fns or list(b.kwargs) != list(s.kwargs):
+            return False
+        mine, theirs = [*b.args, *b.kwargs.values()], [*s.args, *s.kwargs.values()]
+        if len(mine) != len(theirs):
+            return False
+        checks = []
+        for i, (x, y) in enumerate(zip(mine, theirs)):
+            if isinstance(x, Ignored) and not isinstance(y, Ignored):
+                checks.append((i, y))
+            elif isinstance(x, PatternExpr):
+                if not pair(x, y):
+                    return False
+            elif _has_expr(x) or x != y:
+                return False
+        if checks:
+            out.append((b, checks))
+        return True
+
+    return out if pair(blind, specific) else None
+
+
+def _has_expr(x: Any) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_has_expr(v) for v in x)
+    return isinstance(x, PatternExpr)
+
+
+def wanted(expected: Any, env: dict[str, Any]) -> Any:
+    """A slot's expected value for a match: literals as they are, sizes computed."""
+    if isinstance(expected, SizeExpr):
+        return expected.fn(env)
+    if isinstance(expected, (list, tuple)):
+        return type(expected)(wanted(x, env) for x in expected)
+    return expected
 
 
 def _initial_inputs(

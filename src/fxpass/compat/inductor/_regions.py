@@ -50,11 +50,46 @@ def _on_meta(node: Node) -> bool:
     return any(isinstance(v, torch.Tensor) and v.is_meta for v in vals)
 
 
-def unsupported_node(node: Node, *, allow_meta: bool = False) -> bool:
+def _kind(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return (val.dtype, val.device.type, val.layout, type(val).__name__)
+    if isinstance(val, (list, tuple)):
+        return tuple(_kind(v) for v in val)
+    return type(val).__name__
+
+
+_VERDICTS: dict[tuple, tuple[Any, bool]] = {}
+
+
+def unsupported_node(node: Node, *, allow_meta: bool = False, cpp: Any = None) -> bool:
     """Whether Inductor's pattern matcher skips ``node`` (it would not lower it: complex,
-    sparse or meta tensors, unsupported float8 types). ``allow_meta``: not for meta tensors."""
+    sparse or meta tensors, unsupported float8 types). ``allow_meta``: not for meta tensors.
+
+    Inductor's own check (``torch._inductor.lowering.fallback_node_due_to_unsupported_type``,
+    looked up each time, so a client's patch of it applies) decides; its verdict depends on
+    the op and the dtypes, devices and layouts of the node's values, and is remembered by
+    them (asking costs a fake-tensor dispatch per value). ``cpp``: Inductor's
+    ``disable_cpp_codegen`` setting, if the caller read it already."""
     if allow_meta and _on_meta(node):
         return False
     from torch._inductor import lowering
 
-    return bool(lowering.fallback_node_due_to_unsupported_type(node, allow_cpu_inputs=False))
+    if cpp is None:
+        from torch._inductor import config
+
+        cpp = config.disable_cpp_codegen
+    check = lowering.fallback_node_due_to_unsupported_type
+    key = (
+        id(check),
+        node.op,
+        id(node.target),
+        cpp,
+        _kind(node.meta.get("val")),
+        tuple(_kind(a.meta.get("val")) for a in node.all_input_nodes),
+    )
+    hit = _VERDICTS.get(key)
+    if hit is None or hit[0] is not node.target:
+        if len(_VERDICTS) > 4096:
+            _VERDICTS.clear()
+        hit = _VERDICTS[key] = (node.target, bool(check(node, allow_cpu_inputs=False)))
+    return hit[1]

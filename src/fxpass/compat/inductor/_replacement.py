@@ -31,6 +31,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ...rewrite._state import MatchState
 from ...rewrite.region import lazy_order
+from ._compile import argument_values
 from ._entry import (
     PatternEntry,
     _return_true,
@@ -43,8 +44,9 @@ from ._entry import (
 )
 from ._exprs import FailedMatch, PatternExpr
 from ._match import Match
+from ._matching import same_size
 from ._pass import PatternMatcherPass
-from ._recipes import ReplacementRecipe, value_of
+from ._recipes import ReplacementRecipe, value_of, wanted
 from ._replay import Replay, apply_replay
 from ._trace import IGNORED_TYPES, graph_to_pattern
 
@@ -100,6 +102,28 @@ class ReplacementPatternEntry(PatternEntry):
         if self.check is None:
             return None if self.extra_check(match) else "extra_check returned False"
         return self.check(match, True)
+
+
+def _slots_hold(slots: list, match: Match) -> bool:
+    """The specific pattern's literals and sizes at the arguments the registered pattern
+    ignored, checked on the match's own nodes (same trace, same structure)."""
+    env = match._found.bindings
+    p2n = match.ctx.pattern_to_node
+    for expr, checks in slots:
+        node = p2n.get(expr)
+        if node is None:
+            return False
+        vals = argument_values(node, len(expr.args), tuple(expr.kwargs))
+        if vals is None:
+            return False
+        for i, expected in checks:
+            try:
+                want = wanted(expected, env)
+            except Exception:
+                return False
+            if not same_size(vals[i], want):
+                return False
+    return True
 
 
 def _wrap_bound_method(fn: Any, argnames: list[str]) -> Any:
@@ -178,7 +202,11 @@ def register_replacement(
             kwargs = info.unflatten(kwargs)
         flat = []
         for name in argnames:
-            flat.extend(pytree.tree_leaves(kwargs.pop(name)))
+            value = kwargs.pop(name)
+            if isinstance(value, Node):  # most arguments: one graph value
+                flat.append(value)
+            else:
+                flat.extend(pytree.tree_leaves(value))
         i = 1
         while f"tangents_{i}" in kwargs:
             flat.append(kwargs.pop(f"tangents_{i}"))
@@ -195,14 +223,21 @@ def register_replacement(
             return why if explaining else False
 
         structured = info.unflatten(match.kwargs)
-        flat = pytree.tree_leaves([structured[n] for n in argnames])
-        values = recipe.with_grads([value_of(x) for x in flat])
-        if values is None:
+        flat = normalize_args(**structured)
+        values = [value_of(x) for x in flat]
+        if not recipe.grads_ok(values):
             return no("an integer input would have to require grad")
         variant = recipe.variant_for(values)
         if variant is None:
             return no("the search function cannot be traced for these inputs")
         node = match.output_nodes()[0]
+        if variant.slots is not None and not explaining and not debug_node(node.name):
+            if not _slots_hold(variant.slots, match):
+                return False
+            match.kwargs = structured
+            if not guard_or_false(extra_check(match)):
+                return False
+            return accept(match, variant, structured)
         specific = variant.specific if variant.specific is not None else recipe.given_pattern
         st = (
             match._run.state if match._run is not None else MatchState(order=lazy_order(node.graph))
@@ -222,6 +257,9 @@ def register_replacement(
             return no("extra_check returned False")
         if explaining:
             return None
+        return accept(match, variant, structured)
+
+    def accept(match: Match, variant: Any, structured: dict[str, Any]) -> bool:
         literals = {key: (structured[name],) for key, name in recipe.literals.items()}
         match.__dict__["_replay"] = variant.replay(normalize_args(**structured), literals)
         match.replacement_graph = variant.replacement.gm

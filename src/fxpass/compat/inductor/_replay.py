@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from ...rewrite import Match as _FxMatch
 from ...rewrite.rewriter import RewriteError, Rewriter, new_node
 from ._trace import size_of
 
-__all__ = ["Replay", "apply_replay", "replace_with_graph"]
+__all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph"]
 
 #: Metadata Inductor's replacement nodes take from the traced replacement's nodes, and an
 #: output from the node it replaces (fxpass's provenance handles the source location).
@@ -39,10 +39,35 @@ _META = ("original_aten", "recompute", "ac_graph_id", "custom", "partitioner_tag
 _SYM_VALUES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
+class Plan:
+    """What replaying a graph needs from it, read once: its placeholders, its other nodes
+    (and which compute sizes), its output."""
+
+    __slots__ = ("nodes", "out", "phs", "results", "sizes")
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        nodes = list(gm.graph.nodes)
+        self.phs = [n for n in nodes if n.op == "placeholder"]
+        self.nodes = [n for n in nodes if n.op not in ("placeholder", "output")]
+        self.sizes = {n for n in self.nodes if isinstance(n.meta.get("val"), _SYM_VALUES)}
+        self.out = next(n for n in reversed(nodes) if n.op == "output").args[0]
+        self.results = len(self.out) if isinstance(self.out, (list, tuple)) else 1
+
+
+class _SymRef:
+    """A size symbol's placeholder during a replay: read from ``args[i]`` when used."""
+
+    __slots__ = ("d", "i", "kind")
+
+    def __init__(self, i: int, kind: str, d: int) -> None:
+        self.i, self.kind, self.d = i, kind, d
+
+
 class Replay:
     """A traced replacement graph with the values it is replayed on: ``args`` for its
     input placeholders (after ``len(sources)`` size-symbol placeholders, each read from
-    ``args[i]``'s size or stride), ``literals``: traced stand-in literal -> its value here."""
+    ``args[i]``'s size or stride), ``literals``: traced stand-in literal -> its value here.
+    ``plan``: the graph's :class:`Plan`, when the caller keeps one."""
 
     def __init__(
         self,
@@ -50,8 +75,10 @@ class Replay:
         args: Sequence[Any],
         sources: Sequence[tuple[int, str, int]] = (),
         literals: dict[Any, Any] | None = None,
+        plan: Plan | None = None,
     ) -> None:
         self.gm = gm
+        self.plan = plan or Plan(gm)
         self.args = list(args)
         self.sources = list(sources)
         self.literals = literals or {}
@@ -61,7 +88,7 @@ class Replay:
         #: each gets the copy computing the same value, if the replacement has one
         self.shared: list[Node] = []
         self.chains: set[Node] = set()  # views and no-op casts the match saw through
-        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        phs = self.plan.phs
         self.sym_phs = phs[: len(self.sources)]
         self.in_phs = phs[len(self.sources) :]
         if len(self.in_phs) != len(self.args):
@@ -71,8 +98,7 @@ class Replay:
             )
 
     def n_results(self) -> int:
-        out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output").args[0]
-        return len(out) if isinstance(out, (list, tuple)) else 1
+        return self.plan.results
 
     def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
         graph = match.graph
@@ -99,28 +125,27 @@ class Replay:
             return sizes[key]
 
         for ph, (i, kind, d) in zip(self.sym_phs, self.sources):
-            env[ph] = _Deferred(lambda i=i, kind=kind, d=d: size(i, kind, d))
+            env[ph] = _SymRef(i, kind, d)
 
         def arg(a: Any) -> Any:
-            if isinstance(a, Node):
+            if a.__class__ is Node:
                 v = env[a]
-                return v() if isinstance(v, _Deferred) else v
+                return size(v.i, v.kind, v.d) if v.__class__ is _SymRef else v
             if self.literals and type(a) in (int, float):
                 hit = self.literals.get((type(a), a))
                 if hit is not None:
                     return hit[0]
             return a
 
-        for n in self.gm.graph.nodes:
-            if n.op in ("placeholder", "output"):
-                continue
+        sized = self.plan.sizes
+        for n in self.plan.nodes:
             args, kwargs = map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
             if n.op == "get_attr":
                 env[n] = self._attr(graph, n)
                 continue
             if n.op != "call_function":
                 raise NotImplementedError(f"replacement graphs may not contain {n.op} nodes ({n})")
-            if isinstance(n.meta.get("val"), _SYM_VALUES) and not _has_node((args, kwargs)):
+            if n in sized and not _has_node((args, kwargs)):
                 env[n] = n.target(*args, **kwargs)  # a size, computed from static sizes
                 continue
             env[n] = new = new_node(graph, "call_function", n.target, args, kwargs)
@@ -128,8 +153,7 @@ class Replay:
                 if key in n.meta:
                     new.meta[key] = n.meta[key]
             self.made.append((n, new))
-        out = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output").args[0]
-        result = map_aggregate(out, arg)
+        result = map_aggregate(self.plan.out, arg)
         self.result = tuple(result) if isinstance(result, (list, tuple)) else (result,)
         if self.shared:
             return self.result + tuple(self._same_as(graph, n) for n in self.shared)
@@ -180,16 +204,6 @@ def _is_module(gm: fx.GraphModule, target: str) -> bool:
         return isinstance(gm.get_submodule(target), torch.nn.Module)
     except AttributeError:
         return False
-
-
-class _Deferred:
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self) -> Any:
-        return self.fn()
 
 
 class _Named:
