@@ -73,7 +73,6 @@ from ._util import init_once_fakemode, is_match, stable_topological_sort
 _seen_patterns: set[str] = set()
 
 __all__ = [
-    "MULTIPLE",
     "ApplyStats",
     "Arg",
     "CallFunction",
@@ -88,6 +87,7 @@ __all__ = [
     "Ignored",
     "KeywordArg",
     "ListOf",
+    "MULTIPLE",
     "Match",
     "MatchContext",
     "MultiOutputPattern",
