@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from _common import exported_decoder, parser
+from _common import exported_decoder, parser, run_exported, to_inductor_dialect
 
 import fxpass.compat.inductor as fxi
 import fxpass.ops  # noqa: F401  (registers torch.ops.fxpass)
@@ -93,27 +93,6 @@ def _register(pm, hidden: int):
     return replacement, graph
 
 
-def _to_inductor_dialect(gm):
-    for n in list(gm.graph.nodes):
-        if n.target is aten._to_copy.default and set(n.kwargs) == {"dtype"}:
-            n.target = prims.convert_element_type.default
-            n.args, n.kwargs = (n.args[0], n.kwargs["dtype"]), {}
-    gm.recompile()
-    return gm
-
-
-def _run_exported(ep, gm, inputs):
-    args = []
-    for spec in ep.graph_signature.input_specs:
-        if spec.kind.name == "USER_INPUT":
-            continue
-        target = spec.target
-        args.append(ep.state_dict[target] if target in ep.state_dict else ep.constants[target])
-    gm.recompile()
-    with torch.no_grad():
-        return gm(*args, *inputs)[0]
-
-
 def _timed(fn):
     gc.collect()
     gc.disable()
@@ -153,18 +132,18 @@ def main(argv=None) -> int:
     rows = []
     for n_layers in layers:
         ep, model, inputs = exported_decoder(n_layers)
-        gm0 = _to_inductor_dialect(copy.deepcopy(ep.graph_module))
+        gm0 = to_inductor_dialect(copy.deepcopy(ep.graph_module))
         hidden = model.cfg.hidden if hasattr(model, "cfg") else 64
         results, outputs = {}, {}
         for name, pm in matchers.items():
             reg, app, counts, gm = _measure(pm, gm0, hidden, args.repeat)
             results[name] = (reg, app, counts)
-            outputs[name] = _run_exported(ep, gm, inputs)
+            outputs[name] = run_exported(ep, gm, inputs)
         assert results["fxpass"][2] == results["inductor"][2], f"{n_layers} layers: {results}"
         assert torch.equal(outputs["fxpass"], outputs["inductor"]), (
             f"{n_layers} layers: outputs differ"
         )
-        reference = _run_exported(ep, copy.deepcopy(ep.graph_module), inputs)
+        reference = run_exported(ep, copy.deepcopy(ep.graph_module), inputs)
         drift = (
             (outputs["fxpass"].float() - reference.float()).norm() / reference.float().norm()
         ).item()

@@ -32,6 +32,7 @@ from ...rewrite import Match
 from ...rewrite._state import MISSING, MatchState
 from ...rewrite.interpret import Interpreter
 from ...rewrite.order import find_cycle
+from ...rewrite.region import seen_through
 from ._compile import Exclusive, Items, OpCall, SizeLeaf
 
 __all__ = ["InductorMatching", "same", "same_size"]
@@ -256,7 +257,7 @@ class InductorMatching(Interpreter):
                 )
         matched = dict.fromkeys(st.nodes)
         outs = list(st.roots) + [env[name] for name in rule.outputs]
-        soft = _seen_through(st.chains, matched, outs) if st.chains else []
+        soft = seen_through(st.chains, matched, outs) if st.chains else []
         dropped = _droppable_users(matched, outs, rule.drop_users) if self.relaxed else []
         if len(outs) > 1 or self.relaxed:  # several outputs, or inner nodes used outside
             order = st.order() if callable(st.order) else st.order
@@ -292,18 +293,3 @@ def _droppable_users(matched: dict, outs: list, drop: frozenset) -> list[Node]:
             if u not in matched and not u.users and u.op == "call_function" and u.target in drop:
                 found.append(u)
     return found
-
-
-def _seen_through(chains: list, matched: dict, outs: list) -> list[Node]:
-    """A view chain starting at an inner node joins the match; the others stay in the graph
-    (reading what replaces their input) and go once unused. Returns those."""
-    soft: list[Node] = []
-    out_set = set(outs)
-    for chain in chains:
-        start = chain[0].args[0]
-        if start in matched and start not in out_set:
-            for n in chain:
-                matched.setdefault(n, None)
-        else:
-            soft.extend(n for n in chain if n not in matched)
-    return soft
