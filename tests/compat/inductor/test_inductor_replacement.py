@@ -249,3 +249,44 @@ def test_register_replacement_says_what_is_wrong():
         fxi.register_replacement(search, replace, torch.empty(2), fxi.fwd_only, p)
     with pytest.raises(TypeError, match="only 1 example inputs"):
         fxi.register_replacement(search, replace, [torch.empty(2, 2)], fxi.fwd_only, p)
+
+
+class _InPlaceNorm(torch.nn.Module):
+    """A mutating custom op called in place: functionalization makes it an
+    ``auto_functionalized_v2`` node (torch.compile's default)."""
+
+    def forward(self, x, r, w):
+        x, r = x.clone(), r.clone()
+        torch.ops.fxpass.fused_add_rmsnorm_(x, r, w, 1e-6)
+        return x * 2, r + 1
+
+
+def test_auto_functionalized_patterns_match_v2_nodes_with_the_improvements():
+    from _captures import dynamo_capture
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+    args = (torch.randn(4, 16), torch.randn(4, 16), torch.randn(16))
+    gm, real = dynamo_capture(_InPlaceNorm(), args, "aot")
+    v2 = torch.ops.higher_order.auto_functionalized_v2
+    assert gm.graph.find_nodes(op="call_function", target=v2)
+
+    def search(x, r, w):  # written as vLLM writes its patterns: auto_functionalized (v1)
+        at = auto_functionalized(
+            torch.ops.fxpass.fused_add_rmsnorm_.default, x=x, residual=r, weight=w, eps=1e-6
+        )
+        return at[1], at[2]
+
+    def replace(x, r, w):
+        normed, total = torch.ops.fxpass.fused_add_rmsnorm(x, r, w, 1e-6)
+        return normed, total
+
+    examples = [torch.empty(2, 16), torch.empty(2, 16), torch.empty(16)]
+    for m in MATCHERS:
+        assert apply(m, gm, examples, search=search, replace=replace)[0] == 0
+    with fxi.improvements():
+        count, out, _ = apply("fxpass", gm, examples, search=search, replace=replace)
+    assert count == 1
+    assert not out.graph.find_nodes(op="call_function", target=v2)
+    out.recompile()
+    expected = _InPlaceNorm()(*args)
+    assert same(list(out(*real)), list(expected))

@@ -25,8 +25,8 @@ from torch.fx import Node
 
 from ...core.errors import FxpassError
 from ...rewrite import Rule
+from ...rewrite.pattern import AnyOf, Pattern, Seq, Through, Var
 from ...rewrite.pattern import P as _P
-from ...rewrite.pattern import Pattern, Seq, Through, Var
 from ._exprs import (
     Arg,
     ExclusiveKeywordArg,
@@ -46,6 +46,7 @@ from ._exprs import (
 
 __all__ = [
     "Compiled",
+    "FunctionalizedV2",
     "argument_values",
     "Exclusive",
     "InductorRule",
@@ -154,6 +155,56 @@ class OpCall(_P):
 
     def __repr__(self) -> str:
         return repr(self.expr)
+
+
+class FunctionalizedV2(OpCall):
+    """With the improvements: an ``auto_functionalized(op, **kwargs)`` pattern (how vLLM
+    writes a mutating custom op) also matches the ``auto_functionalized_v2`` node that
+    functionalization makes by default — each mutated argument read from ``_all_bases``
+    at its own position (no views), so the results are indexed as in the pattern."""
+
+    __slots__ = ("mutated",)
+
+    def __init__(self, expr: _TargetExpr, name: str | None, op: Any) -> None:
+        super().__init__(expr, name)
+        v2 = torch.ops.higher_order.auto_functionalized_v2
+        self.fns, self.packets, self.fn_ids = frozenset([v2]), frozenset(), frozenset([id(v2)])
+        self.ids = self.fn_ids
+        self._keep = [v2]
+        schema = getattr(op, "_schema", None)
+        self.mutated = [
+            a.name
+            for a in (schema.arguments if schema is not None else ())
+            if a.alias_info is not None and a.alias_info.is_write
+        ]
+
+    def calls(self, v: Node) -> bool:
+        return v.op == "call_function" and id(v.target) in self.ids
+
+    def values(self, v: Node) -> list[Any] | None:
+        if len(v.args) != 1:
+            return None
+        kwargs = v.kwargs
+        bases = kwargs.get("_all_bases")
+        if not isinstance(bases, (list, tuple)) or len(bases) != len(self.mutated):
+            return None
+        out: list[Any] = [v.args[0]]
+        for name in self.kw_names:
+            if name in self.mutated:
+                i = self.mutated.index(name)
+                if kwargs.get(f"_{name}_base_index") != i or any(
+                    f"_{name}_{key}" in kwargs for key in _VIEW_KEYS
+                ):
+                    return None
+                out.append(bases[i])
+            elif name in kwargs:
+                out.append(kwargs[name])
+            else:
+                return None
+        return out
+
+
+_VIEW_KEYS = ("size", "stride", "storage_offset", "slice_dim", "slice_start", "slice_end", "alias")
 
 
 def argument_values(v: Node, nargs: int, names: tuple[str, ...]) -> list[Any] | None:
@@ -275,8 +326,9 @@ class _Translator:
         outputs = list(expr.outputs) if isinstance(expr, MultiOutputPattern) else [expr]
         pats = [self.pattern(e) if e is not None else None for e in outputs]
         for p in pats:
-            if isinstance(p, OpCall):
-                p.output = True
+            for q in p.options if isinstance(p, AnyOf) else [p]:
+                if isinstance(q, OpCall):
+                    q.output = True
         roots: list[Pattern] = []
         inner: list[str] = []
         for e, p in zip(outputs, pats):
@@ -286,7 +338,7 @@ class _Translator:
             bound = {n for r in roots for n in r.names()}
             if roots and (id(p) in seen or (p.name is not None and p.name in bound)):
                 inner.append(p.name)
-            elif isinstance(p, OpCall):
+            elif isinstance(p, (OpCall, AnyOf)):
                 roots.append(p)
             else:
                 raise PatternError(
@@ -347,19 +399,30 @@ class _Translator:
             raise PatternError(f"{type(e).__name__} may only be the whole pattern, not part of one")
         raise PatternError(f"not a pattern expression: {e!r}")
 
-    def _call(self, e: _TargetExpr) -> OpCall:
-        p = OpCall(e, _name())
+    def _call(self, e: _TargetExpr) -> Pattern:
+        functionalized = (
+            self.relaxed
+            and isinstance(e, _TargetArgsExpr)
+            and e.fns == [torch.ops.higher_order.auto_functionalized]
+            and len(e.args) == 1
+        )
+        p = OpCall(e, None if functionalized else _name())
         self.calls.append(p)
         if isinstance(e, _TargetArgsExpr):
             values = [*e.args, *e.kwargs.values()]
             p.slots = [self.argument(a, e.nested) for a in values]
             p.args = [s for s in p.slots if isinstance(s, Pattern)]
-        return p
+        if not functionalized:
+            return p
+        v2 = FunctionalizedV2(e, None, e.args[0])
+        v2.slots, v2.args = p.slots, p.args
+        self.calls.append(v2)
+        return AnyOf([p, v2], name=_name(), location="")
 
     def argument(self, a: Any, nested: bool) -> Any:
         if isinstance(a, PatternExpr):
             p = self.pattern(a, nested=nested)
-            if self.relaxed and isinstance(p, OpCall):
+            if self.relaxed and isinstance(p, (OpCall, AnyOf)):
                 return Through(p, views=True, casts=True, location="")
             return p
         if nested and isinstance(a, (list, tuple)) and _has_pattern(a):

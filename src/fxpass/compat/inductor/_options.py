@@ -3,7 +3,8 @@
 With it on, a pattern also matches where Inductor's rules refuse it but the rewrite is still
 sound: through views, reshapes and no-op casts between its ops; where an intermediate has
 users outside the match (it stays for them, or they read the replacement's value of it);
-on graphs whose values are meta tensors. Counts then exceed Inductor's; each pass's
+``auto_functionalized`` patterns on ``auto_functionalized_v2`` nodes; on graphs whose values
+are meta tensors. Counts then exceed Inductor's; each pass's
 ``stats.extra`` (and ``extra_sites`` in an fxpass report) says by how many.
 """
 

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
@@ -115,6 +116,8 @@ class PatternMatcherPass:
         t0 = time.perf_counter()
         for node in run.candidates():
             key = (node.op, _target(node))
+            if run.improve and key[1] is _AF_V2:
+                key = (node.op, _AF)
             if node.op == "call_module" and key not in self.patterns:
                 continue
             for entry in self.patterns[key]:
@@ -161,7 +164,11 @@ def _target(node: Node) -> Any:
 
 
 _BACKEND = os.environ.get("TORCHINDUCTOR_PATTERN_MATCH_BACKEND", "inductor")
-_WALK = 256  # a match spanning more nodes is checked against the list of mutating ops
+_WALK = 256
+_AF = torch.ops.higher_order.auto_functionalized
+_AF_V2 = (
+    torch.ops.higher_order.auto_functionalized_v2
+)  # a match spanning more nodes is checked against the list of mutating ops
 
 
 class _Run:
@@ -194,6 +201,8 @@ class _Run:
                 modules = True
             else:
                 nodes.extend(graph.find_nodes(op=op, target=target, sort=False))
+                if self.improve and target is _AF:  # the v2 nodes functionalization makes
+                    nodes.extend(graph.find_nodes(op=op, target=_AF_V2, sort=False))
         if modules:
             nodes.extend(graph.find_nodes(op="call_module", sort=False))
         return sorted(set(nodes), key=sort_key, reverse=True)

@@ -31,7 +31,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ...rewrite._state import MatchState
 from ...rewrite.region import lazy_order
-from ._compile import argument_values
+from ._compile import FunctionalizedV2, argument_values
 from ._entry import (
     PatternEntry,
     _return_true,
@@ -113,7 +113,10 @@ def _slots_hold(slots: list, match: Match) -> bool:
         node = p2n.get(expr)
         if node is None:
             return False
-        vals = argument_values(node, len(expr.args), tuple(expr.kwargs))
+        if node.target is torch.ops.higher_order.auto_functionalized_v2:  # an improvement
+            vals = FunctionalizedV2(expr, None, expr.args[0]).values(node)
+        else:
+            vals = argument_values(node, len(expr.args), tuple(expr.kwargs))
         if vals is None:
             return False
         for i, expected in checks:
