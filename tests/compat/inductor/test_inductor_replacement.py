@@ -290,3 +290,18 @@ def test_auto_functionalized_patterns_match_v2_nodes_with_the_improvements():
     out.recompile()
     expected = _InPlaceNorm()(*args)
     assert same(list(out(*real)), list(expected))
+
+
+def _linear_gelu(x, w):
+    return torch.nn.functional.gelu(x @ w) * 0.5
+
+
+@pytest.mark.parametrize("trace", ["fwd_only", "joint_fwd_bwd"])
+def test_generated_patterns_are_inductor_s(trace):
+    grad = trace == "joint_fwd_bwd"
+    examples = [torch.randn(4, 8, requires_grad=grad), torch.randn(8, 8, requires_grad=grad)]
+    texts = []
+    for m in MATCHERS:
+        pm = pattern_matcher(m)
+        texts.append(repr(pm.gen_pattern(_linear_gelu, examples, getattr(pm, trace))))
+    assert texts[0] == texts[1]

@@ -395,8 +395,15 @@ class _Translator:
             return Items(self.pattern(e.pattern), e.partial, _name())
         if isinstance(e, _TargetExpr):
             return self._call(e)
-        if isinstance(e, (MultiOutputPattern, RepeatedExpr)):
-            raise PatternError(f"{type(e).__name__} may only be the whole pattern, not part of one")
+        if isinstance(e, RepeatedExpr):
+            raise PatternError(
+                "RepeatedExpr patterns are not supported by fxpass.compat.inductor (Inductor "
+                "uses them for its own split/cat passes, which keep Inductor's matcher)"
+            )
+        if isinstance(e, MultiOutputPattern):
+            raise PatternError(
+                "a MultiOutputPattern may only be the whole pattern, not part of one"
+            )
         raise PatternError(f"not a pattern expression: {e!r}")
 
     def _call(self, e: _TargetExpr) -> Pattern:

@@ -248,9 +248,11 @@ class _Run:
         c["pattern_matcher_count"] += 1
         c["pattern_matcher_nodes"] += len(m.nodes)
         if isinstance(entry, GraphPatternEntry):
+            rewrites = self.rewriter.rewrites
             with self.tracked() as changes:
                 entry.apply(m, self.graph, node)
-            if changes.created or changes.erased:
+            surgery = self.rewriter.rewrites == rewrites  # else the rewriter told already
+            if surgery and (changes.created or changes.erased):
                 self.rewriter.editor.notify("replace", name, changes.erased, changes.created)
             if changes.mutation:
                 self._mutations = None
