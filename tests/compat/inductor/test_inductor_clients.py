@@ -36,7 +36,8 @@ def _run_pass(make, cap, *, improve=None):
 
 @pytest.fixture(scope="module")
 def rms_passes(vllm):
-    return {m: vllm[m].RMSNormFusionPass() for m in MATCHERS}
+    """Per dtype (float32, bfloat16), for the models' eps."""
+    return {m: vllm[m].RMSNormFusionPass(epsilons=(1e-6,)) for m in MATCHERS}
 
 
 @pytest.mark.parametrize("ir", IRS)
@@ -84,13 +85,15 @@ def test_an_intermediate_with_another_user_fuses_with_the_improvements(vllm, mod
     counts, outputs = {}, {}
     for label, m, improve in (("inductor", "inductor", None), ("fxpass", "fxpass", False)):
         cap = captured(model, ir)
-        p = _run_pass(vllm[m].AddRMSNormFusionPass, cap, improve=improve)
+        p = _run_pass(
+            lambda m=m: vllm[m].AddRMSNormFusionPass(epsilons=(1e-6,)), cap, improve=improve
+        )
         counts[label], outputs[label] = p.matched_count, cap.run()
     assert counts["fxpass"] == counts["inductor"] == (1 if ir == "aot" else 0)
     assert same(outputs["fxpass"], outputs["inductor"])
     cap = captured(model, ir)
     adds = len(cap.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor))
-    p = _run_pass(vllm["fxpass"].AddRMSNormFusionPass, cap, improve=True)
+    p = _run_pass(lambda: vllm["fxpass"].AddRMSNormFusionPass(epsilons=(1e-6,)), cap, improve=True)
     assert p.matched_count == 4
     assert p.patterns.stats.extra == 4 - counts["inductor"]
     # each site loses its ``mean + eps`` add; no residual sum is computed twice
