@@ -23,7 +23,7 @@ from .order import TopoOrder, find_cycle
 if TYPE_CHECKING:
     from .rule import Rule
 
-__all__ = ["Failure", "Match", "complete"]
+__all__ = ["Failure", "Match", "complete", "seen_through"]
 
 
 @dataclass
@@ -171,3 +171,8 @@ def lazy_order(graph: fx.Graph) -> Callable[[], Any]:
         return box[0]
 
     return get
+
+
+#: :func:`_seen_through` for matchers outside this package that build their own matches
+#: (``fxpass.compat.inductor`` follows Inductor's rules, not :func:`complete`'s).
+seen_through = _seen_through
