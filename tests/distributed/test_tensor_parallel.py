@@ -9,7 +9,7 @@ from _shard_helpers import C10D, assert_vals_consistent, count, sharded
 
 import fxpass as fp
 from fxpass.distributed import PlanError, ShardError, analyze, weight_bytes
-from fxpass.distributed.rewrite import rank_key
+from fxpass.distributed.tensor_parallel import rank_key
 from fxpass.targets.inductor import inductor_pass
 
 from _models import exported
@@ -157,7 +157,7 @@ def test_inductor_cache_key_depends_on_the_rank():
     assert len(keys) == 2
     assert rank_key(world_size=2, rank=1) == "rank 1 of 2"
     with pytest.raises(ShardError):
-        fp.distributed.rewrite.resolve_rank(2, 5)
+        fp.distributed.tensor_parallel.resolve_rank(2, 5)
 
 
 def test_a_graph_module_with_weights_as_attributes():
