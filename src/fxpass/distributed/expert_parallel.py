@@ -81,9 +81,10 @@ class BlockScript:
     grouped: list[str]
     gathers: list[str]
     exits: list[tuple[str, str]]
+    whole: bool = False  # the experts are not cut over tp: one rank of each group counts
 
     @classmethod
-    def of(cls, block: Block) -> BlockScript:
+    def of(cls, block: Block, whole: bool) -> BlockScript:
         return cls(
             block.ids.name,
             block.experts,
@@ -91,6 +92,7 @@ class BlockScript:
             [g.name for g in block.grouped],
             [g.name for g in block.gathers],
             [(v.name, i.name) for v, i in block.exits],
+            whole,
         )
 
 
@@ -135,12 +137,16 @@ def expert_script(
                 f"{len(planned.weights)} tensors) are not the program's ({block.experts}, "
                 f"{len(names)} tensors)"
             )
-        script.blocks.append(BlockScript.of(block))
+        cut = {d.param for d in plan.decisions if d.sharded}
+        stacks = [t for t in block.tensors if t.meta["val"].dim() == 3]
+        whole = plan.mesh.tp > 1 and not all(params.name(t) in cut for t in stacks)
+        script.blocks.append(BlockScript.of(block, whole))
     return script
 
 
 def _mask(editor: Editor, value: fx.Node, ids: fx.Node, kept: int) -> None:
-    """Zero the rows of ``value`` whose (rotated) expert id is not one of the ``kept``."""
+    """Zero the rows of ``value`` whose (rotated) expert id is not one of the ``kept``
+    (all of them when ``kept`` is 0)."""
     users = list(value.users)
     put = Inserter(editor, RULE, [value], after=value)
     flat = ids if ids.meta["val"].dim() == 1 else put(aten.reshape.default, ids, [-1])
@@ -182,8 +188,10 @@ def _block(editor: Editor, gm: fx.GraphModule, b: BlockScript, place: Place, nod
             editor.set_args(node, tuple(args), rule=RULE)
         else:
             editor.set_args(node, kwargs={**node.kwargs, "offs": first}, rule=RULE)
+    # experts kept whole on each of the group's tp ranks: one of them counts their rows
+    counted = 0 if b.whole and place.tp_index else kept
     for value, by in b.exits:
-        _mask(editor, nodes[value], nodes[by], kept)
+        _mask(editor, nodes[value], nodes[by], counted)
     for name in b.tensors:
         node = nodes[name]
         whole = current_weight(gm, node)

@@ -174,7 +174,8 @@ class Flow:
     def _candidates(self, weight: fx.Node, shard: Shard) -> list[Shard]:
         out = []
         for d in range(len(self.shape(weight))):
-            out += [Shard(d, shard.outer, shard.parts), Shard(d, 1, shard.parts), Shard(d)]
+            for outer, parts in ((shard.outer, shard.parts), (1, shard.parts), (1, ())):
+                out.append(Shard(d, outer, parts, shard.ways))
         return list(dict.fromkeys(out))
 
     def _try_chain(self, chain: list[fx.Node], shard: Shard) -> Any:

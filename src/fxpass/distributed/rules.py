@@ -254,7 +254,7 @@ def _slice(flow: Any, node: fx.Node) -> Any:
     if step > 1 and start < step and end == size and not shard.parts:
         # every step-th feature (gate/up interleaved): a rank's chunk, if a multiple of the
         # step, interleaves the same way
-        what = f"'{node.name}' takes every {step}-th of {size} features"
+        what = f"'{node.name}' takes one in {step} of {size} features"
         flow.require(node, size // shard.outer // step, what, shard.ways)
         if (_arg(node, 3, "end", None) or _INT_MAX) < _INT_MAX:
             flow.edit(node, _where(node, 3, "end"), size // flow.ways(shard))
