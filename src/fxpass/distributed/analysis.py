@@ -210,8 +210,12 @@ class _Analysis:
             if s.weight in self.decisions:
                 continue
             user = self._foreign_user(s.weight)
+            ways = self.ways(s) or self.n
             if user is not None:
                 self._replicate(s, f"the weight is also read by '{user.name}' ({target_of(user)})")
+            elif s.kind != "embedding" and s.out_features < ways:  # a gate's one output
+                self._replicate(s, f"its {plural(s.out_features, 'output feature')} are fewer "
+                                f"than the {ways} ranks")  # fmt: skip
             else:
                 todo.append(s)
         while todo:

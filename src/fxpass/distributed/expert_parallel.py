@@ -5,7 +5,9 @@ expert group ``g`` holding experts ``[lo, hi)``:
 
 * the expert stacks keep rows ``lo .. hi`` (``experts / ep`` of them, the first
   ``experts % ep`` groups one more);
-* the router's expert ids are rotated, ``(id - lo) mod E``, so this rank's experts are
+* the router's expert ids, on their way to the experts, are rotated, ``(id - lo) mod E``
+  (what else reads them — routing weights gathered by id — keeps the router's numbering),
+  so this rank's experts are
   ``0 .. hi - lo`` and sort first: a grouped matmul runs them on their rows with the first
   ``hi - lo`` offsets, and leaves the other rows alone;
 * ids that gather from an expert stack (biases, batched expert matmuls) are clamped into
@@ -29,7 +31,7 @@ Before / after, rank 1 of 2, 4 experts (Mixtral in fp32)::
                         ->
     %ids = getitem(%topk, 1)
     %sub = aten.sub(%ids, 2)
-    %remainder = aten.remainder(%sub, 4)                                   # ids users read this
+    %remainder = aten.remainder(%sub, 4)                   # what takes ids to the experts reads this
     ...
     %slice = aten.slice(%offsets, 0, 0, 2)
     %gmm = transformers.grouped_mm_fallback(%x, %w_gate_up, %slice)        # w: [2, 64, 256]
@@ -81,6 +83,7 @@ class BlockScript:
     grouped: list[str]
     gathers: list[str]
     exits: list[tuple[str, str]]
+    routed: list[str] = field(default_factory=list)  # readers of ids that reach the experts
     whole: bool = False  # the experts are not cut over tp: one rank of each group counts
 
     @classmethod
@@ -92,6 +95,7 @@ class BlockScript:
             [g.name for g in block.grouped],
             [g.name for g in block.gathers],
             [(v.name, i.name) for v, i in block.exits],
+            [u.name for u in block.routed],
             whole,
         )
 
@@ -165,7 +169,7 @@ def _block(editor: Editor, gm: fx.GraphModule, b: BlockScript, place: Place, nod
     kept = hi - lo
     ids = nodes[b.ids]
     if lo:  # rotate: this group's experts first
-        users = list(ids.users)
+        users = [nodes[u] for u in b.routed]
         put = Inserter(editor, RULE, [ids], after=ids)
         rotated = put(aten.remainder.Scalar, put(aten.sub.Tensor, ids, lo), b.experts)
         for u in users:

@@ -82,6 +82,7 @@ class Block:
     gathers: list[fx.Node] = field(default_factory=list)  # W[ids] reads (ids clamped)
     exits: list[tuple[fx.Node, fx.Node]] = field(default_factory=list)  # (rows, their ids)
     candidates: list[fx.Node] = field(default_factory=list)
+    routed: list[fx.Node] = field(default_factory=list)  # readers of ids that reach experts
 
     def describe(self, params: Params) -> ExpertBlock:
         names = [params.name(t) for t in self.tensors]
@@ -252,6 +253,9 @@ def _block(router: fx.Node, params: Params) -> Block | None:
     if not block.tensors:
         return None
     block.exits = _exits(rows)
+    # only the ids on their way to the experts are rotated; other readers (the routing
+    # weights gathered by id) keep the router's own numbering
+    block.routed = [u for u in ids.users if u in values or u in block.gathers]
     return block
 
 

@@ -216,6 +216,15 @@ def _expand(flow: Any, node: fx.Node) -> Any:
     return new
 
 
+@_on(aten.view_as_complex.default, aten.view_as_real.default)
+def _complex(flow: Any, node: fx.Node) -> Any:
+    """Rotary embeddings in complex numbers: pairs of the last dim become one number."""
+    shard = _sharded_input(flow, node)
+    if shard.dim >= len(flow.shape(node.args[0])) - 1:
+        raise NotShardable(f"'{node.name}' pairs up the sharded last dim")
+    return shard
+
+
 @_on(aten.repeat_interleave.self_int)
 def _repeat_interleave(flow: Any, node: fx.Node) -> Any:
     """GQA's key/value head repeat: repeating every head of a contiguous chunk of heads

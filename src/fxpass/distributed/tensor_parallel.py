@@ -223,6 +223,7 @@ def _row(editor: Editor, site: fx.Node, bias: fx.Node | None, group: str) -> Non
     out = collectives.all_reduce(put, node, group)
     if bias is not None:
         out = put(aten.add.Tensor, out, bias)
+    out = _writable(put, out, users, node)
     for u in users:
         editor.replace_input(u, node, out, rule=RULE)
 
@@ -255,8 +256,25 @@ def _reduction(
     out = collectives.all_reduce(put, value, group, op)
     if scale != 1.0:
         out = put(aten.mul.Tensor, out, scale)
+    out = _writable(put, out, readers, value)
     for u in readers:
         editor.replace_input(u, value, out, rule=RULE)
+
+
+def _writes_first(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.arguments:
+        return False
+    info = schema.arguments[0].alias_info
+    return info is not None and info.is_write
+
+
+def _writable(put: Inserter, out: fx.Node, readers: list[fx.Node], value: fx.Node) -> fx.Node:
+    """``out``, cloned when a reader writes into ``value`` in place (a collective's result
+    is a view autograd forbids writing)."""
+    if any(_writes_first(u) and u.args[0] is value for u in readers):
+        return put(aten.clone.default, out)
+    return out
 
 
 def _gather(editor: Editor, value: fx.Node, shard: Shard, place: Place) -> None:
