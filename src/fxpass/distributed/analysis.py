@@ -224,7 +224,7 @@ class _Analysis:
             except Refused as r:
                 bad = [s for s in todo if s in r.sources] or list(todo)
                 for s in bad:
-                    style = "vocab" if s.kind == "embedding" else "column"
+                    style = {"embedding": "vocab", "batched": "batch"}.get(s.kind, "column")
                     self._replicate(s, f"not {style}-parallel: {r}")
                 todo = [s for s in todo if s not in bad]
                 continue
@@ -234,12 +234,13 @@ class _Analysis:
             return
 
     def _trial(self, todo: list[Site]) -> Flow:
-        weights = {s.weight: Shard(s.out_dim, parts=self.parts[s], ways=self.ways(s)) for s in todo}
+        weights = {s.weight: self._cut(s) for s in todo}
         flow = self.flow(weights, discover=True)
         for s in todo:
-            for p in self.parts[s] or (s.out_features,):
+            experts = int(s.weight.meta["val"].shape[0])
+            for p in (experts,) if s.kind == "batched" else self.parts[s] or (s.out_features,):
                 what = f"'{self.params.name(s.weight)}' has {p} " + (
-                    "rows" if s.kind == "embedding" else "output features"
+                    {"embedding": "rows", "batched": "experts"}.get(s.kind, "output features")
                 )
                 flow.requirements.append(Requirement(s.node, p, what, frozenset({s}), self.ways(s)))
         flow.run()
@@ -252,6 +253,11 @@ class _Analysis:
             if w in self.decisions or w in self.weights:
                 raise Refused(w, f"'{w.name}' is already cut another way", frozenset(todo))
         return flow
+
+    def _cut(self, s: Site) -> Shard:
+        if s.kind == "batched":
+            return Shard(0)
+        return Shard(s.out_dim, parts=self.parts[s], ways=self.ways(s))
 
     def _uneven(self, flow: Flow, todo: list[Site]) -> bool:
         for req in flow.requirements:
@@ -297,6 +303,8 @@ class _Analysis:
                 ),
                 ways=shard.ways,
             )
+        for b in flow.batched:
+            self.decisions[b.weight] = self._batch(b)
         for w, node in flow.companions.items():
             shard = flow.weights[w]
             self.decisions[w] = Decision(
@@ -323,6 +331,9 @@ class _Analysis:
             )
             self.decisions[s.weight] = Decision(name, "vocab", s.node.name, reason=reason)
             return
+        if s.kind == "batched":
+            self.decisions[s.weight] = self._batch(s)
+            return
         detail = sorted(
             (r for r in flow.requirements if s in r.sources and r.node is not s.node),
             key=lambda r: r.units,
@@ -346,6 +357,14 @@ class _Analysis:
             reason="; ".join(why),
             ways=self.ways(s),
         )
+
+    def _batch(self, s: Site) -> Decision:
+        experts = int(s.weight.meta["val"].shape[0])
+        reason = (
+            f"cut by expert: each rank runs {experts // self.n} of the {experts} experts of "
+            f"'{s.node.name}' on every token; their sum over the experts is all-reduced"
+        )
+        return Decision(self.params.name(s.weight), "batch", s.node.name, dim=0, reason=reason)
 
     def _replicate(self, s: Site, reason: str) -> None:
         if s.weight in self.decisions:

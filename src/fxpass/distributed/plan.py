@@ -4,7 +4,8 @@ A plan holds a section per strategy, all over one :class:`~fxpass.distributed.me
 
 * ``decisions`` (tensor parallelism): one :class:`Decision` per weight the analysis looked at
   — how it is cut (``column``: its output features; ``row``: its input features; ``vocab``:
-  an embedding's rows; ``slice``: cut with the activation it meets, like a q/k norm's
+  an embedding's rows; ``batch``: a stack of experts cut by expert, each rank running its
+  experts on all tokens; ``slice``: cut with the activation it meets, like a q/k norm's
   per-feature scale or attention sinks; ``replicate``: whole on every rank, with the bytes
   that costs each rank), which graph node reads it, the parts a fused projection is cut
   in, and why;
@@ -62,7 +63,7 @@ __all__ = [
 FORMAT = "fxpass.shard_plan/2"
 _OLD_FORMAT = "fxpass.shard_plan/1"  # world_size instead of a mesh
 #: Each style, and the dim of a 2-D weight it cuts (None: any the site says, or none).
-STYLES: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "slice": None,
+STYLES: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "batch": 0, "slice": None,
                                  "replicate": None}  # fmt: skip
 #: The passes a plan can ask for on the sharded graphs, and their defaults.
 OPTIONS: dict[str, bool] = {"sequence_parallel": False, "fuse": False}
@@ -155,8 +156,10 @@ class Decision:
             raise PlanError(f"decision for '{self.param}': a replicated weight has no dim")
         if self.style in ("column", "row", "slice") and self.dim is None:
             raise PlanError(f"decision for '{self.param}': a {self.style} weight needs a dim")
-        if self.style == "vocab" and self.dim != 0:
-            raise PlanError(f"decision for '{self.param}': a vocab weight is cut along dim 0")
+        if self.style in ("vocab", "batch") and self.dim != 0:
+            raise PlanError(
+                f"decision for '{self.param}': a {self.style} weight is cut along dim 0"
+            )
         if self.dim is not None and self.dim < 0:
             raise PlanError(f"decision for '{self.param}': dim must be >= 0, not {self.dim}")
         self.parts = [int(p) for p in self.parts or ()]

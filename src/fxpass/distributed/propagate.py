@@ -94,6 +94,8 @@ class Flow:
     reductions: list[Reduction] = field(default_factory=list)
     companions: dict[fx.Node, fx.Node] = field(default_factory=dict)  # weight -> where it met
     rank0_adds: list[fx.Node] = field(default_factory=list)
+    batched: list[Site] = field(default_factory=list)  # discovered batch (expert) cuts
+    local_slices: list[tuple[fx.Node, fx.Node, Shard]] = field(default_factory=list)
     _current: fx.Node | None = None
     _heap: list = field(default_factory=list)
     _seen: set = field(default_factory=set)
@@ -305,6 +307,8 @@ class Flow:
                 raise NotShardable(f"embedding '{name}' can only be cut along its rows (dim 0)")
             self.embeddings.append(site)
             return None
+        if site.kind == "batched":
+            return self._batched(site, w, inp)
         in_rank = len(self.shape(site.input))
         out_dim = len(self.shape(site.node)) - 1
         if w is not None and w.dim == site.out_dim:
@@ -335,6 +339,28 @@ class Flow:
         if site.kind == "grouped":
             raise NotShardable(f"grouped matmul '{name}' reads rows cut along {inp.describe()}")
         return inp  # cut along tokens: a linear keeps its leading dims
+
+    def _batched(self, site: Site, w: Shard | None, inp: Any) -> Any:
+        """A batched matmul over a stack of experts: cut by expert (dim 0 of the stack and
+        of the batch); a replicated batch is sliced to this rank's experts locally."""
+        name = site.node.name
+        whole = Shard(0)
+        if w is None:
+            if inp is None:
+                return None
+            if inp != whole or not self.discover:
+                got = inp.describe() if isinstance(inp, Shard) else repr(inp)
+                raise NotShardable(f"batched matmul '{name}' reads its batch cut along {got}")
+            self.weights[site.weight] = whole
+            self.batched.append(site)
+            return whole
+        if w != whole:
+            raise NotShardable(f"batched matmul '{name}' can only cut its stack by expert")
+        if inp is None:
+            self.local_slices.append((site.node, site.input, whole))
+        elif inp != whole:
+            raise NotShardable(f"batched matmul '{name}' reads its batch cut along {inp.describe()}")
+        return whole
 
     def _row_output(self, site: Site) -> Any:
         if site.kind == "grouped":  # the experts' partial sums go on to where they combine

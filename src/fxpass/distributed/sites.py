@@ -2,10 +2,11 @@
 spelling.
 
 A *site* is one use of a 2-D weight — ``x @ W.T (+ b)`` or ``W[ids]`` — or of a 3-D stack of
-expert weights in a grouped matmul (``grouped_mm(x, W[E, in, out], offsets)``: rows of
+expert weights: in a grouped matmul (``grouped_mm(x, W[E, in, out], offsets)``: rows of
 ``x`` sorted by expert, ``offsets`` where each expert's rows end; torch's ``_grouped_mm``
-or ``transformers::grouped_mm_fallback``, registered by ``transformers.integrations.moe``;
-the stack may be transposed on its way). Export keeps
+or ``transformers::grouped_mm_fallback``, registered by ``transformers.integrations.moe``)
+or a batched one (``bmm(x[E, T, in], W[E, in, out])``: every expert on its copy of the
+tokens, as Llama 4 runs them); the stack may be transposed on its way. Export keeps
 ``aten.linear``; core ATen, AOTAutograd and Inductor graphs spell it
 ``mm(x, permute(W, [1, 0]))`` or ``addmm(b, x, t(W))``; torch-level code may write
 ``matmul(x, W.t())``. ExecuTorch Edge ops are read as the ATen ops they wrap. The weights
@@ -87,7 +88,7 @@ class Site:
     ``out_dim`` and ``in_dim`` are the weight's dims of output and input features (0 and 1
     for a linear weight; 2 and 1, or 1 and 2 when transposed, for a grouped one)."""
 
-    kind: str  # "linear", "grouped" or "embedding"
+    kind: str  # "linear", "grouped", "batched" or "embedding"
     node: fx.Node
     input: fx.Node
     weight: fx.Node
@@ -175,6 +176,13 @@ def _site(node: fx.Node, params: Params) -> Site | None:
             w, path, transposed = found
             out_dim, in_dim = (1, 2) if transposed else (2, 1)
             return Site("grouped", node, args[0], w, None, path, out_dim, in_dim)
+    if op in (aten.bmm.default, aten.matmul.default) and len(args) >= 2:
+        found = _stacked_weight(args[1], params)
+        x = _val(args[0])
+        if found is not None and isinstance(x, torch.Tensor) and x.dim() == 3:
+            w, path, transposed = found
+            out_dim, in_dim = (1, 2) if transposed else (2, 1)
+            return Site("batched", node, args[0], w, None, path, out_dim, in_dim)
     if op is aten.linear.default and _weight_2d(args[1], params):
         bias = args[2] if len(args) > 2 else node.kwargs.get("bias")
         if bias is not None and not _bias_1d(bias, params):

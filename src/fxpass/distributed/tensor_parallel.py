@@ -106,6 +106,7 @@ class TensorScript:
     rank0_adds: list[str] = field(default_factory=list)
     collectives: list[dict[str, Any]] = field(default_factory=list)
     mesh: Mesh | None = None
+    local_slices: list[tuple[str, str, Shard]] = field(default_factory=list)  # (reader, value)
 
     @classmethod
     def of(cls, flow: Flow, layouts: Mapping[fx.Node, Shard], mesh: Mesh) -> TensorScript:
@@ -119,6 +120,7 @@ class TensorScript:
             [n.name for n in flow.rank0_adds],
             collectives_of(flow),
             mesh,
+            [(r.name, v.name, sh) for r, v, sh in flow.local_slices],
         )
 
 
@@ -160,9 +162,11 @@ def _site_layouts(
         site = by_node.get(nodes[d.node])
         if site is None or site.weight is not weight:
             raise PlanError(f"node '{d.node}' does not use '{d.param}' as a weight")
-        if (d.style == "vocab") != (site.kind == "embedding"):
+        if (d.style == "vocab") != (site.kind == "embedding") or (d.style == "batch") != (
+            site.kind == "batched"
+        ):
             raise PlanError(f"'{d.param}' is read by a {site.kind}, which cannot be {d.style}")
-        want = site.in_dim if d.style == "row" else site.out_dim
+        want = {"row": site.in_dim, "batch": 0}.get(d.style, site.out_dim)
         if d.dim != want:
             raise PlanError(f"a {d.style} cut of '{d.param}' is along dim {want}, not {d.dim}")
         features = site.in_features if d.style == "row" else site.out_features
@@ -285,6 +289,15 @@ def _gather(editor: Editor, value: fx.Node, shard: Shard, place: Place) -> None:
     put = Inserter(editor, RULE, [value], before=out)
     full = collectives.all_gather(put, value, local, shard.dim, count, place.group)
     editor.replace_input(out, value, full, rule=RULE)
+
+
+def _local_slice(editor: Editor, reader: fx.Node, value: fx.Node, shard: Shard, place: Place) -> None:
+    """``reader`` takes this rank's piece of the replicated ``value`` (its experts' batch)."""
+    index, count = place.piece(shard.ways)
+    size = int(value.meta["val"].shape[shard.dim]) // count
+    put = Inserter(editor, RULE, [value], before=reader)
+    piece = put(aten.slice.Tensor, value, shard.dim, index * size, (index + 1) * size)
+    editor.replace_input(reader, value, piece, rule=RULE)
 
 
 def _edit(editor: Editor, node: fx.Node, where: tuple[str, Any], value: Any) -> None:
@@ -427,6 +440,8 @@ def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place) -> None
     for name, shard in script.gathers:
         if editor.allow():
             _gather(editor, nodes[name], shard, place)
+    for reader, value, shard in script.local_slices:
+        _local_slice(editor, nodes[reader], nodes[value], shard, place)
     mode = fake_mode(gm)
     layouts = {nodes[n]: s for n, s in script.layouts.items()}
     before, after = _slice_weights(editor, gm, layouts, place, mode)
