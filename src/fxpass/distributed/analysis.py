@@ -161,8 +161,11 @@ class _Analysis:
         self.blocks = blocks
         self.seeds = [v for b in blocks for v, _ in b.exits] if mesh.ep > 1 else []
         experts = {t for b in blocks for t in b.tensors} if mesh.ep > 1 else set()
+        listed = {t for b in blocks if b.mlps for t in b.tensors} & experts
         self.sites = [
-            s for s in find_sites(gm, params) if s.kind != "grouped" or mesh.tp > 1 or not experts
+            s
+            for s in find_sites(gm, params)
+            if (s.kind != "grouped" or mesh.tp > 1 or not experts) and s.weight not in listed
         ]
         self.by_node = {s.node: s for s in self.sites}
         self.weights: dict[fx.Node, Shard] = {}

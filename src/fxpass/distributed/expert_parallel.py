@@ -85,6 +85,7 @@ class BlockScript:
     exits: list[tuple[str, str]]
     routed: list[str] = field(default_factory=list)  # readers of ids that reach the experts
     whole: bool = False  # the experts are not cut over tp: one rank of each group counts
+    mlps: list[tuple[str, list[str]]] = field(default_factory=list)  # separate experts
 
     @classmethod
     def of(cls, block: Block, whole: bool) -> BlockScript:
@@ -97,6 +98,7 @@ class BlockScript:
             [(v.name, i.name) for v, i in block.exits],
             [u.name for u in block.routed],
             whole,
+            [(y.name, [n.name for n in body]) for y, body in block.mlps],
         )
 
 
@@ -143,7 +145,9 @@ def expert_script(
             )
         cut = {d.param for d in plan.decisions if d.sharded}
         stacks = [t for t in block.tensors if t.meta["val"].dim() == 3]
-        whole = plan.mesh.tp > 1 and not all(params.name(t) in cut for t in stacks)
+        whole = plan.mesh.tp > 1 and not block.mlps and not all(
+            params.name(t) in cut for t in stacks
+        )
         script.blocks.append(BlockScript.of(block, whole))
     return script
 
@@ -163,8 +167,30 @@ def _mask(editor: Editor, value: fx.Node, ids: fx.Node, kept: int) -> None:
         editor.replace_input(u, value, out, rule=RULE)
 
 
+def _separate(editor: Editor, b: BlockScript, place: Place, nodes: dict) -> int:
+    """Separate experts, split whole over the stage's ranks: the others' outputs are zeros
+    and their nodes and weights leave the graph."""
+    lo, hi = expert_range(b.experts, place.size, place.local)
+    for e, (y, body) in enumerate(b.mlps):
+        if lo <= e < hi:
+            continue
+        out = nodes[y]
+        val = out.meta["val"]
+        zeros = editor.insert(aten.zeros.default, (list(val.shape),),
+                              {"dtype": val.dtype, "device": val.device}, rule=RULE,
+                              origin=[out], after=out, val=val)  # fmt: skip
+        editor.replace_all_uses(out, zeros, RULE)
+        for name in reversed(body[:-1] if body[-1] == y else body):
+            node = nodes[name]
+            if not node.users:
+                editor.erase(node, RULE)
+    return hi - lo
+
+
 def _block(editor: Editor, gm: fx.GraphModule, b: BlockScript, place: Place, nodes: dict,
            mode: Any) -> int:  # fmt: skip
+    if b.mlps:
+        return _separate(editor, b, place, nodes)
     lo, hi = expert_range(b.experts, place.mesh.ep, place.expert_group)
     kept = hi - lo
     ids = nodes[b.ids]
@@ -214,7 +240,7 @@ def apply_experts(gm: fx.GraphModule, script: ExpertScript, place: Place) -> int
     changed = set()
     for b in script.blocks:
         kept = _block(editor, gm, b, place, nodes, mode)
-        changed |= {nodes[t] for t in b.tensors}
+        changed |= {nodes[t] for t in b.tensors if not b.mlps}
         stat("experts_kept", kept)
         stat("experts_whole", b.experts)
     repropagate(gm, mode, changed)

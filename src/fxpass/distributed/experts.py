@@ -1,6 +1,9 @@
 """Find the mixtures of experts of a graph, without its model source.
 
 A *block* starts at a router's ``topk`` over ``E`` scores: its indices are the expert ids.
+Its experts are stored one of two ways.
+
+*Stacked*: 
 Its *expert tensors* are the weights whose first dim is ``E`` and that the graph only reads
 by expert — as the stack of a grouped matmul (``grouped_mm(x, W[E, in, out], offsets)``,
 offsets counted from the sorted ids), or gathered row by row with the ids
@@ -15,6 +18,12 @@ its experts come first (``(id - first) mod E``: sorting puts its rows first, the
 matmul runs its experts on them and leaves the rest zero), clamps the ids it gathers
 with, and zeroes at each exit the rows of experts it does not own. What exits is then a
 partial sum, all-reduced where the flow needs its full value (:mod:`.partial`).
+
+*Separate linears* (a list of expert MLPs, each run on every token and weighted by a gate
+taken from the router's top-k): the block's experts are the ``E`` MLPs whose outputs are
+multiplied by such a gate. Split across ranks, each keeps its experts' MLPs, the others'
+outputs become zeros (their weights leave the program), and the weighted sum is a partial
+sum as above.
 
 Where a block cannot be split, :func:`find_blocks` says why (a read of an expert tensor
 that is not by expert, offsets not counted from the ids, rows in two orders).
@@ -83,12 +92,15 @@ class Block:
     exits: list[tuple[fx.Node, fx.Node]] = field(default_factory=list)  # (rows, their ids)
     candidates: list[fx.Node] = field(default_factory=list)
     routed: list[fx.Node] = field(default_factory=list)  # readers of ids that reach experts
+    mlps: list[tuple[fx.Node, list[fx.Node]]] = field(default_factory=list)  # (output, body)
 
     def describe(self, params: Params) -> ExpertBlock:
         names = [params.name(t) for t in self.tensors]
         reads = (f"{len(self.grouped)} grouped matmul" + "s" * (len(self.grouped) != 1)) + (
             f", {len(self.gathers)} gathers by id" if self.gathers else ""
         )
+        if self.mlps:
+            reads = "separate linears, split whole across the stage's ranks"
         reason = (
             f"{self.experts} experts chosen by '{self.router.name}' ({reads}); rows leave at "
             f"{', '.join(repr(v.name) for v, _ in self.exits)}"
@@ -259,6 +271,73 @@ def _block(router: fx.Node, params: Params) -> Block | None:
     return block
 
 
+def _reach(start: fx.Node, forward: bool) -> set[fx.Node]:
+    out, todo = {start}, [start]
+    while todo:
+        node = todo.pop()
+        for n in node.users if forward else node.all_input_nodes:
+            if n not in out:
+                out.add(n)
+                todo.append(n)
+    return out
+
+
+_LINEAR = {aten.linear.default, aten.mm.default, aten.addmm.default, aten.matmul.default}
+
+
+def _body(y: fx.Node, shared: set[fx.Node], params: Params) -> tuple[list[fx.Node], list] | None:
+    """The nodes only expert output ``y`` needs (back to what the router shares with it)
+    and the weights they read; None when something else reads them."""
+    body, weights, todo = {y}, [], list(y.all_input_nodes)
+    while todo:
+        node = todo.pop()
+        if node in body or node in shared:
+            continue
+        if params.is_weight(node):
+            weights.append(node)
+            body.add(node)
+        elif node.op == "call_function":
+            body.add(node)
+            todo += node.all_input_nodes
+        else:
+            return None
+    if not weights:
+        return None
+    ordered = [n for n in y.graph.nodes if n in body]
+    return ordered, weights
+
+
+def _lists(router: fx.Node, params: Params) -> Block | None:
+    """A block whose experts are separate MLPs, each weighted by a gate from ``router``."""
+    scores = _val(router.args[0])
+    if not isinstance(scores, torch.Tensor):
+        return None
+    experts = int(scores.shape[-1])
+    after = _reach(router, forward=True)
+    shared = _reach(router.args[0], forward=False)
+    outputs = []
+    for mul in [n for n in after if target_of(n) is aten.mul.Tensor]:
+        for y, gate in (mul.args[:2], mul.args[1::-1]):
+            if isinstance(y, fx.Node) and y not in after and gate in after and len(y.users) == 1:
+                if target_of(y) in _LINEAR:
+                    outputs.append(y)
+    if len(outputs) != experts:
+        return None
+    block = Block(router, router, experts)
+    for y in sorted(outputs, key=sort_key):
+        found = _body(y, shared, params)
+        if found is None:
+            return None
+        nodes, weights = found
+        inside = set(nodes) | set(y.users)
+        if any(u not in inside for n in nodes for u in n.users):
+            return None  # the expert's nodes are read by something else
+        block.mlps.append((y, nodes))
+        block.tensors += weights
+        block.exits.append((y, y))
+    return block
+
+
 def find_blocks(gm: fx.GraphModule, params: Params) -> tuple[list[Block], list[str]]:
     """The graph's mixtures of experts (in graph order), and why each router found is not
     one that can be split."""
@@ -269,6 +348,8 @@ def find_blocks(gm: fx.GraphModule, params: Params) -> tuple[list[Block], list[s
         except NotExperts as e:
             refused.append(f"'{node.name}': {e}")
             continue
+        if block is None:
+            block = _lists(node, params)
         if block is not None:
             blocks.append(block)
     return blocks, refused
