@@ -64,5 +64,24 @@ def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> dict[s
     results = {}
     for case in cases:
         kind = case.get("kind", "loaded")
-        results[case["name"]] = _backend(case) if kind == "backend" else _loaded(case)
+        run = {"backend": _backend, "pipeline": _pipeline}.get(kind, _loaded)
+        results[case["name"]] = run(case)
     return results
+
+
+def _pipeline(case: dict[str, Any]) -> dict[str, Any]:
+    """The rank's stage under a pipelining schedule, microbatches of the captured batch."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    from fxpass.distributed import load_stage
+
+    stage = load_stage(case["dir"])
+    (ids,) = torch.load(case["inputs"])
+    schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[case.get("schedule", "gpipe")]
+    run = schedule(stage, n_microbatches=ids.shape[0])
+    with torch.no_grad():
+        out = run.step(ids) if stage.is_first else run.step()
+    if not stage.is_last:
+        return {"err": 0.0, "last": False}
+    expected = torch.load(case["expected"])
+    return {"err": (logits(out) - expected).abs().max().item(), "last": True}

@@ -30,7 +30,7 @@ from .analysis import analyze, choose_mesh
 from .mesh import Mesh
 from .pipeline import PipelineStages, pipeline_stages
 from .plan import Decision, ExpertBlock, PlanError, ShardError, ShardPlan, Stage
-from .sharded import ShardedPrograms, init_groups, load_rank, shard, weight_bytes
+from .sharded import ShardedPrograms, init_groups, load_rank, load_stage, shard, weight_bytes
 
 __all__ = [
     "Decision",
@@ -46,6 +46,7 @@ __all__ = [
     "choose_mesh",
     "init_groups",
     "load_rank",
+    "load_stage",
     "pipeline_stages",
     "shard",
     "weight_bytes",

@@ -200,7 +200,7 @@ class _Analysis:
         flow = self.flow(dict(self.weights)).run()
         nodes = {n.name: n for n in self.gm.graph.nodes}
         decisions = sorted(self.decisions.values(), key=lambda d: sort_key(nodes[d.node]))
-        experts = [b.describe(self.params) for b in self.blocks] if self.mesh.ep > 1 else []
+        experts = [b.describe(self.params, self.n) for b in self.blocks] if self.mesh.ep > 1 else []
         return ShardPlan(self.mesh, decisions, collectives_of(flow), experts)
 
     def flow(self, weights: dict[fx.Node, Shard], discover: bool = False) -> Flow:

@@ -94,16 +94,37 @@ class Block:
     routed: list[fx.Node] = field(default_factory=list)  # readers of ids that reach experts
     mlps: list[tuple[fx.Node, list[fx.Node]]] = field(default_factory=list)  # (output, body)
 
-    def describe(self, params: Params) -> ExpertBlock:
+    def combine_cost(self, ranks: int) -> dict[str, int]:
+        """Bytes each rank sends per forward to combine the experts' outputs: an all-reduce
+        of the tokens' ``hidden`` values (ring: ``2·(N-1)/N`` of them), against an all-to-all
+        that sends each routed (token, expert) row to its expert's rank and back and then
+        all-gathers the tokens for the tensor-parallel layers after it."""
+        scores = _val(self.router.args[0])
+        k = int(_arg(self.router, 1, "k"))
+        tokens = int(scores.numel() // scores.shape[-1])
+        out = _val(self.exits[0][0]) if self.exits else None
+        hidden = int(out.shape[-1]) if isinstance(out, torch.Tensor) else 0
+        size = out.element_size() if isinstance(out, torch.Tensor) else 0
+        share = (ranks - 1) / ranks
+        row = tokens * hidden * size
+        return {
+            "all_reduce": int(2 * share * row),
+            "all_to_all": int(2 * share * row * k + share * row),
+        }
+
+    def describe(self, params: Params, ranks: int = 2) -> ExpertBlock:
         names = [params.name(t) for t in self.tensors]
         reads = (f"{len(self.grouped)} grouped matmul" + "s" * (len(self.grouped) != 1)) + (
             f", {len(self.gathers)} gathers by id" if self.gathers else ""
         )
         if self.mlps:
             reads = "separate linears, split whole across the stage's ranks"
+        cost = self.combine_cost(ranks)
         reason = (
             f"{self.experts} experts chosen by '{self.router.name}' ({reads}); rows leave at "
-            f"{', '.join(repr(v.name) for v, _ in self.exits)}"
+            f"{', '.join(repr(v.name) for v, _ in self.exits)}; combined by all-reduce: "
+            f"{cost['all_reduce']:,} bytes per rank, against {cost['all_to_all']:,} for an "
+            "all-to-all dispatch and combine (every rank already holds every token)"
         )
         return ExpertBlock(self.router.name, self.experts, names,
                            [v.name for v, _ in self.exits], reason)  # fmt: skip

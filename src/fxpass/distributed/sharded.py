@@ -54,6 +54,7 @@ __all__ = [
     "collective_counts",
     "init_groups",
     "load_rank",
+    "load_stage",
     "resolve_mesh",
     "shard",
     "weight_bytes",
@@ -506,4 +507,35 @@ def load_rank(directory: str | Path, rank: int | None = None) -> torch.export.Ex
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != entry["sha256"]:
         raise ShardError(f"{path} does not match its checksum in the manifest (damaged or edited)")
-    return load(path)
+    program = load(path)
+    mesh = Mesh.from_dict(manifest["mesh"]) if "mesh" in manifest else Mesh(tp=world_size)
+    if mesh.groups() and _initialized():
+        init_groups(mesh)  # the stages' collectives run on their own groups
+    return program
+
+
+def _initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def load_stage(directory: str | Path, device: Any = "cpu") -> Any:
+    """This rank's ``torch.distributed.pipelining.PipelineStage``, from a directory written
+    by ``fxpass shard`` with pipeline stages (``pp > 1``): its program loaded and checked
+    (:func:`load_rank`), the mesh's groups created. Drive it with a schedule::
+
+        stage = fxpass.distributed.load_stage("tp2pp2")
+        schedule = ScheduleGPipe(stage, n_microbatches=4)
+        out = schedule.step(x) if stage.is_first else schedule.step()
+    """
+    import torch.distributed as dist
+
+    if not _initialized():
+        raise ShardError("load_stage runs on a rank: initialize torch.distributed first")
+    manifest = json.loads((Path(directory) / MANIFEST).read_text())
+    mesh = Mesh.from_dict(manifest["mesh"])
+    if mesh.pp == 1:
+        raise ShardError(f"the programs in {directory} have no pipeline stages (mesh {mesh})")
+    program = load_rank(directory)
+    return _pipeline_stage(mesh, dist.get_rank(), program, device)
