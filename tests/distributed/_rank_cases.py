@@ -9,7 +9,7 @@ import torch._functorch.config
 import torch._inductor.config
 
 import fxpass
-from fxpass.distributed import load_rank
+from fxpass.distributed import load_rank, weight_bytes
 
 C10D = "_c10d_functional"
 
@@ -31,11 +31,17 @@ def _ops(gm: torch.fx.GraphModule) -> dict[str, int]:
 
 
 def _loaded(case: dict[str, Any]) -> dict[str, Any]:
+    """The rank's .pt2 as torch.export.load reads it: its output, its collectives, and the
+    bytes of its weights by storage (a slice that kept its whole tensor counts whole)."""
     program = load_rank(case["dir"])
     (ids,) = torch.load(case["inputs"])
     expected = torch.load(case["expected"])
     out = logits(program.module()(ids))
-    return {"err": (out - expected).abs().max().item(), "ops": _ops(program.graph_module)}
+    return {
+        "err": (out - expected).abs().max().item(),
+        "ops": _ops(program.graph_module),
+        "bytes": weight_bytes(program),
+    }
 
 
 def _backend(case: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +87,8 @@ def _pipeline(case: dict[str, Any]) -> dict[str, Any]:
     run = schedule(stage, n_microbatches=ids.shape[0])
     with torch.no_grad():
         out = run.step(ids) if stage.is_first else run.step()
+    nbytes = weight_bytes(stage.submod)
     if not stage.is_last:
-        return {"err": 0.0, "last": False}
+        return {"err": 0.0, "last": False, "bytes": nbytes}
     expected = torch.load(case["expected"])
-    return {"err": (logits(out) - expected).abs().max().item(), "last": True}
+    return {"err": (logits(out) - expected).abs().max().item(), "last": True, "bytes": nbytes}
