@@ -336,23 +336,23 @@ def _lists(router: fx.Node, params: Params) -> Block | None:
     experts = int(scores.shape[-1])
     after = _reach(router, forward=True)
     shared = _reach(router.args[0], forward=False)
-    outputs = []
-    for mul in [n for n in after if target_of(n) is aten.mul.Tensor]:
+    found = []
+    for mul in sorted((n for n in after if target_of(n) is aten.mul.Tensor), key=sort_key):
         for y, gate in (mul.args[:2], mul.args[1::-1]):
-            if isinstance(y, fx.Node) and y not in after and gate in after and len(y.users) == 1:
-                if target_of(y) in _LINEAR:
-                    outputs.append(y)
-    if len(outputs) != experts:
+            if not isinstance(y, fx.Node) or y.op != "call_function" or len(y.users) != 1:
+                continue
+            if y in after or y in shared or gate not in after:
+                continue
+            body = _body(y, shared, params)
+            if body is None or not any(target_of(n) in _LINEAR for n in body[0]):
+                continue
+            inside = set(body[0]) | {mul}
+            if all(u in inside for n in body[0] for u in n.users):
+                found.append((y, body))
+    if len(found) != experts:
         return None
     block = Block(router, router, experts)
-    for y in sorted(outputs, key=sort_key):
-        found = _body(y, shared, params)
-        if found is None:
-            return None
-        nodes, weights = found
-        inside = set(nodes) | set(y.users)
-        if any(u not in inside for n in nodes for u in n.users):
-            return None  # the expert's nodes are read by something else
+    for y, (nodes, weights) in found:
         block.mlps.append((y, nodes))
         block.tensors += weights
         block.exits.append((y, y))

@@ -173,12 +173,13 @@ def _weights_of(g: _Graph, node: fx.Node) -> list[fx.Node]:
 
 
 def _layers(g: _Graph, points: list[int]) -> int:
-    """How many times the most repeated block between consecutive points occurs."""
+    """How many times the most repeated block between consecutive points occurs (blocks
+    that read a weight matrix: not the casts and views between them)."""
     bounds = [-1, *points, len(g.compute) - 1]
     blocks = Counter(
         tuple(str(target_of(n)) for n in g.compute[a + 1 : b + 1])
         for a, b in zip(bounds, bounds[1:])
-        if b > a
+        if any(_val(w).dim() >= 2 for n in g.compute[a + 1 : b + 1] for w in _weights_of(g, n))
     )
     return max(blocks.values(), default=1)
 
