@@ -50,7 +50,7 @@ def test_separate_experts_leave_the_other_ranks():
     ep = exported(dtype=torch.float32, layers=1, moe_experts=4)
     shards = fp.shard(ep, 2)
     kept = [{k for k in s.state_dict if ".experts." in k} for s in shards]
-    assert len(kept[0]) == len(kept[1]) == 6 and not kept[0] & kept[1]  # 2 experts × 3
+    assert len(kept[0]) == len(kept[1]) == 6 and not kept[0] & kept[1]  # 2 experts x 3
 
 
 def test_plans_whose_experts_are_not_the_programs(mixtral):

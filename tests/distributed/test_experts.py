@@ -25,7 +25,7 @@ def test_grouped_and_gathered_stacks():
     assert b.experts == 4 and len(b.tensors) == 4  # gate_up, its bias, down, its bias
     assert len(b.grouped) == 2 and len(b.gathers) == 2 and len(b.exits) == 1
     value, ids = b.exits[0]
-    assert value.meta["val"].shape == (16, 64) and ids.meta["val"].shape == (16,)  # 8 tokens × 2
+    assert value.meta["val"].shape == (16, 64) and ids.meta["val"].shape == (16,)  # 8 tokens x 2
 
 
 def test_separate_expert_mlps():

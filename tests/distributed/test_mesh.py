@@ -1,4 +1,4 @@
-"""A mesh: tp × ep × pp ranks, where each rank sits, the groups its collectives run on."""
+"""A mesh: tp x ep x pp ranks, where each rank sits, the groups its collectives run on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fxpass.distributed.mesh import Mesh, MeshError, expert_range
 
 def test_ranks_stages_and_groups():
     mesh = Mesh(tp=2, ep=2, pp=2)
-    assert (mesh.world_size, mesh.stage_size, str(mesh)) == (8, 4, "tp 2 × ep 2 × pp 2")
+    assert (mesh.world_size, mesh.stage_size, str(mesh)) == (8, 4, "tp 2 x ep 2 x pp 2")
     place = mesh.place(6)
     assert (place.stage, place.local, place.expert_group, place.tp_index) == (1, 2, 1, 0)
     assert place.group == "2" and place.piece(0) == (2, 4) and place.piece(2) == (0, 2)

@@ -25,9 +25,22 @@ def test_json_round_trip(plan, tmp_path):
     assert again == plan
     data = json.loads(path.read_text())
     assert data["format"] == "fxpass.shard_plan/2" and data["mesh"] == {"tp": 2, "ep": 1, "pp": 1}
-    assert data["world_size"] == 2 and data["options"] == {"sequence_parallel": False, "fuse": False}
+    assert data["world_size"] == 2 and data["options"] == {
+        "sequence_parallel": False,
+        "fuse": False,
+    }
     first = data["decisions"][0]
-    assert set(first) == {"param", "style", "node", "dim", "parts", "bias", "reason", "ways", "bytes"}
+    assert set(first) == {
+        "param",
+        "style",
+        "node",
+        "dim",
+        "parts",
+        "bias",
+        "reason",
+        "ways",
+        "bytes",
+    }
 
 
 def test_the_first_format_still_reads(plan):

@@ -2,7 +2,7 @@
 127.0.0.1 load their .pt2 file and run it — the embedded decoder (dense and with experts) and
 every tiny Hugging Face family, sharded with no plan (the mesh chosen: tensor parallelism,
 the experts split across the ranks), with sequence parallelism and the collective fusion,
-with explicit meshes (experts cut over tp, tp × ep) and as pipeline stages under
+with explicit meshes (experts cut over tp, tp x ep) and as pipeline stages under
 torch.distributed.pipelining — and the largest rank keeps at most 1/N + 5% of the weights.
 
 One spawn per world size runs every case (spawning costs seconds); programs are sharded
@@ -97,7 +97,7 @@ WORLD2 = (
     | {"llama": ["auto", "sp"], "gpt_oss": ["auto", "tp"]}
 )
 #: 4 ranks: the named families with 4 KV heads (the tests' configs have 2, which cannot be
-#: split across 4 ranks; see test_analysis), experts over tp × ep, tp × pp
+#: split across 4 ranks; see test_analysis), experts over tp x ep, tp x pp
 WORLD4 = {"decoder": ["auto", "sp+fuse", "tp2pp2"], "gpt_oss": ["auto", "tp2ep2"]} | {
     n: ["auto"] for n in NAMED if n != "gpt_oss"
 }

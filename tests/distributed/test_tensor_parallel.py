@@ -187,7 +187,9 @@ def test_collectives_carry_provenance_and_pass_the_metadata_check():
     assert check_metadata(program.graph_module) == []
     reduces = [n for n in program.graph.nodes if n.target is C10D.all_reduce.default]
     for node in reduces:
-        assert node.meta["from_node"] and node.meta["fxpass_provenance"]["pass"] == "tensor_parallel"
+        assert (
+            node.meta["from_node"] and node.meta["fxpass_provenance"]["pass"] == "tensor_parallel"
+        )
         assert node.meta["fxpass_provenance"]["replaced"]  # the node it serves
 
 

@@ -1,4 +1,4 @@
-"""``fxpass shard``: one program per rank of a ``tp × ep × pp`` mesh, from a ``.pt2`` file."""
+"""``fxpass shard``: one program per rank of a ``tp x ep x pp`` mesh, from a ``.pt2`` file."""
 
 from __future__ import annotations
 
@@ -58,7 +58,9 @@ _DIM = click.IntRange(min=1)
 @click.option("--print-plan", is_flag=True, help="Print the plan: each decision and why.")
 @click.option("--sequence-parallel", is_flag=True, default=None,
               help="Reduce-scatter + all-gather around the norms instead of all-reduce.")  # fmt: skip
-@click.option("--fuse", is_flag=True, default=None, help="Fuse all-reduce + residual add + RMSNorm.")
+@click.option(
+    "--fuse", is_flag=True, default=None, help="Fuse all-reduce + residual add + RMSNorm."
+)
 @click.option("--uneven", type=click.Choice(["error", "replicate"]), default="error",
               help="What to do with layers the ranks do not divide.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")

@@ -145,8 +145,8 @@ def expert_script(
             )
         cut = {d.param for d in plan.decisions if d.sharded}
         stacks = [t for t in block.tensors if t.meta["val"].dim() == 3]
-        whole = plan.mesh.tp > 1 and not block.mlps and not all(
-            params.name(t) in cut for t in stacks
+        whole = (
+            plan.mesh.tp > 1 and not block.mlps and not all(params.name(t) in cut for t in stacks)
         )
         script.blocks.append(BlockScript.of(block, whole))
     return script

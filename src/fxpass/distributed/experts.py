@@ -3,8 +3,7 @@
 A *block* starts at a router's ``topk`` over ``E`` scores: its indices are the expert ids.
 Its experts are stored one of two ways.
 
-*Stacked*: 
-Its *expert tensors* are the weights whose first dim is ``E`` and that the graph only reads
+*Stacked*: the block's *expert tensors* are the weights whose first dim is ``E`` and that the graph only reads
 by expert — as the stack of a grouped matmul (``grouped_mm(x, W[E, in, out], offsets)``,
 offsets counted from the sorted ids), or gathered row by row with the ids
 (``W[ids]``: batched expert matmuls, expert biases). Each result of such a read has one
@@ -279,9 +278,9 @@ def _block(router: fx.Node, params: Params) -> Block | None:
     values = _id_values(ids)
     block = Block(router, ids, experts)
     for node in router.graph.nodes:
-        if node.op in ("placeholder", "get_attr") and _stack_of(node, params, experts) is node:
-            if not any(target_of(u) is aten.linear.default for u in node.users):
-                block.candidates.append(node)  # ([E, hidden] router weights are linear sites)
+        stack = node.op in ("placeholder", "get_attr") and _stack_of(node, params, experts)
+        if stack is node and not any(target_of(u) is aten.linear.default for u in node.users):
+            block.candidates.append(node)  # ([E, hidden] router weights are linear sites)
     rows = _collect(block, params, values)
     if not block.tensors:
         return None

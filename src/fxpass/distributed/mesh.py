@@ -1,11 +1,11 @@
-"""The device mesh a plan is made for: ``tp × ep × pp`` ranks.
+"""The device mesh a plan is made for: ``tp x ep x pp`` ranks.
 
-``pp`` pipeline stages each run ``tp × ep`` ranks (a *stage group*; rank ``r`` is local rank
+``pp`` pipeline stages each run ``tp x ep`` ranks (a *stage group*; rank ``r`` is local rank
 ``r % (tp·ep)`` of stage ``r // (tp·ep)``). Inside a stage, attention and the other dense
 layers are tensor-parallel over all ``tp·ep`` ranks; the experts of a mixture of experts
 are split into ``ep`` groups of ``experts / ep`` (the first ``experts % ep`` groups take one
 more), and each expert's weights are tensor-parallel over the ``tp`` ranks of its group —
-TensorRT-LLM's ``moe_ep_size × moe_tp_size = tp_size``. All of a stage's collectives run on
+TensorRT-LLM's ``moe_ep_size x moe_tp_size = tp_size``. All of a stage's collectives run on
 its stage group: one all-reduce combines the partial sums of the experts.
 
 Collectives name their process group by string, as torch's functional collectives do: a
@@ -15,7 +15,7 @@ gives them (``"1"``, ``"2"``, ...) — :func:`fxpass.distributed.init_groups` cr
 
 >>> mesh = Mesh.parse("tp=2,pp=2")
 >>> mesh, mesh.world_size, str(mesh)
-(Mesh(tp=2, ep=1, pp=2), 4, 'tp 2 × pp 2')
+(Mesh(tp=2, ep=1, pp=2), 4, 'tp 2 x pp 2')
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Mesh:
         return cls.from_dict(data)
 
     def __str__(self) -> str:
-        return " × ".join(f"{n} {getattr(self, n)}" for n in DIMS if getattr(self, n) > 1) or "tp 1"
+        return " x ".join(f"{n} {getattr(self, n)}" for n in DIMS if getattr(self, n) > 1) or "tp 1"
 
 
 @dataclass(frozen=True)

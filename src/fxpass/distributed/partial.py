@@ -6,7 +6,7 @@ along its input features, or of the experts one rank owns. Such a value need not
 all-reduced right away: a reshape, a gather of rows, a sum over the top-k experts, a
 product with a replicated routing weight or a cast to a wider type of a sum is the sum of
 the same op on each rank's part. Reducing after them moves fewer bytes (a token's
-``hidden`` values instead of ``top_k × hidden``) and keeps one all-reduce for the expert
+``hidden`` values instead of ``top_k x hidden``) and keeps one all-reduce for the expert
 parallel and the tensor-parallel parts of the same experts. A bias added to partial sums
 is added on one rank only. Any other op needs the full value: the flow all-reduces the
 partial sums it reads right before it.

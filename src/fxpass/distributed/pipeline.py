@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -178,7 +179,7 @@ def _layers(g: _Graph, points: list[int]) -> int:
     bounds = [-1, *points, len(g.compute) - 1]
     blocks = Counter(
         tuple(str(target_of(n)) for n in g.compute[a + 1 : b + 1])
-        for a, b in zip(bounds, bounds[1:])
+        for a, b in itertools.pairwise(bounds)
         if any(_val(w).dim() >= 2 for n in g.compute[a + 1 : b + 1] for w in _weights_of(g, n))
     )
     return max(blocks.values(), default=1)
@@ -315,7 +316,9 @@ class PipelineStages(Sequence):
     def table(self) -> Table:
         table = Table(title=f"{plural(len(self), 'pipeline stage')}", title_justify="left")
         for col in ("stage", "nodes", "weights (bytes)", "FLOPs", "receives", "sends"):
-            table.add_column(col, justify="right" if col in ("weights (bytes)", "FLOPs") else "left")
+            table.add_column(
+                col, justify="right" if col in ("weights (bytes)", "FLOPs") else "left"
+            )
         for i, s in enumerate(self.stages):
             table.add_row(str(i), f"{s.first} .. {s.last}", f"{s.weight_bytes:,}",
                           f"{s.flops:,}", ", ".join(s.receives) or "the inputs",
@@ -334,7 +337,7 @@ def _split(g: _Graph, cuts: list[int]) -> tuple[list[ExportedProgram], list[Stag
     out_vals = list(g.ep.graph.output_node().all_input_nodes)
     programs, stages = [], []
     user_inputs = [n for n in g.ep.graph.nodes if n.op == "placeholder" and n not in g.free]
-    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         nodes = g.compute[a + 1 : b + 1]
         receives = user_inputs if s == 0 else crossing[a]
         last = s == len(bounds) - 2
@@ -383,4 +386,3 @@ def pipeline_stages(
         cuts = _choose(g, stages)
     programs, found = _split(g, cuts)
     return PipelineStages(programs, found)
-

@@ -348,7 +348,9 @@ class ShardPlan:
 
         stages = section("stages", Stage.from_dict)
         if stages and len(stages) != mesh.pp:
-            raise PlanError(f"the plan has {plural(len(stages), 'stage')} but its mesh pp is {mesh.pp}")
+            raise PlanError(
+                f"the plan has {plural(len(stages), 'stage')} but its mesh pp is {mesh.pp}"
+            )
         collectives = _get(data, "plan", "collectives", list, [])
         return cls(
             mesh,

@@ -38,7 +38,6 @@ from .sites import Params, Site, target_of
 __all__ = ["Flow", "Reduction", "Refused", "Requirement"]
 
 
-
 class Refused(Exception):
     """The walk met an op that cannot take a slice; ``sources`` are the column sites whose
     values reached it."""
@@ -321,7 +320,12 @@ class Flow:
             return Shard(out_dim, parts=w.parts, ways=w.ways)
         features = isinstance(inp, Shard) and inp.dim == in_rank - 1
         if w is not None:  # row-parallel
-            if w.dim != site.in_dim or not features or inp.outer != 1 or (inp.parts, inp.ways) != (w.parts, w.ways):
+            if (
+                w.dim != site.in_dim
+                or not features
+                or inp.outer != 1
+                or (inp.parts, inp.ways) != (w.parts, w.ways)
+            ):
                 got = inp.describe() if isinstance(inp, Shard) else "replicated"
                 raise NotShardable(
                     f"row-parallel '{name}' needs its input cut along its features, got {got}"
@@ -361,7 +365,9 @@ class Flow:
         if inp is None:
             self.local_slices.append((site.node, site.input, whole))
         elif inp != whole:
-            raise NotShardable(f"batched matmul '{name}' reads its batch cut along {inp.describe()}")
+            raise NotShardable(
+                f"batched matmul '{name}' reads its batch cut along {inp.describe()}"
+            )
         return whole
 
     def _row_output(self, site: Site) -> Any:

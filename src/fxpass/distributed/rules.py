@@ -153,7 +153,9 @@ def _view_like(flow: Any, node: fx.Node, size_arg: int | None) -> Shard:
     except NotShardable as err:
         raise NotShardable(f"'{node.name}': {err}") from None
     width = math.prod(after[e + 1 :])
-    flow.require(node, units, f"'{node.name}' cuts it into {units} slices of {width} (dim {e})", shard.ways)
+    flow.require(
+        node, units, f"'{node.name}' cuts it into {units} slices of {width} (dim {e})", shard.ways
+    )
     if size_arg is not None:
         sizes = list(node.args[size_arg])
         if sizes[e] != -1:

@@ -1,6 +1,6 @@
 """The entry point: ``fxpass.shard(program, world_size)`` gives one program per rank.
 
-The strategies compose over one plan and one mesh (``tp × ep × pp``,
+The strategies compose over one plan and one mesh (``tp x ep x pp``,
 :mod:`~fxpass.distributed.mesh`). The plan is made (or read) and checked once: the
 program is cut into pipeline stages (:mod:`.pipeline`) and, per stage, the plan is followed
 into what every rank applies (:func:`~.tensor_parallel.tensor_script`,
@@ -340,7 +340,7 @@ def shard(
     group: str = DEFAULT_GROUP,
     uneven: str = "error",
 ) -> ShardedPrograms:
-    """Shard a captured program: one program per rank of a ``tp × ep × pp`` mesh.
+    """Shard a captured program: one program per rank of a ``tp x ep x pp`` mesh.
 
     ``program`` is an ExportedProgram, a ``.pt2`` path, or a GraphModule (copied per rank;
     tensor parallelism only). Give ``world_size`` (the mesh is chosen: tensor parallelism,

@@ -153,9 +153,10 @@ def _stacked_weight(node: Any, params: Params) -> tuple[fx.Node, tuple, bool] | 
     transposed = False
     while isinstance(node, fx.Node) and node.op == "call_function":
         op = target_of(node)
-        if op is aten.transpose.int and sorted(d % 3 for d in node.args[1:3]) == [1, 2]:
-            transposed = not transposed
-        elif op is aten.permute.default and [d % 3 for d in node.args[1]] == [0, 2, 1]:
+        swap = (op is aten.transpose.int and sorted(d % 3 for d in node.args[1:3]) == [1, 2]) or (
+            op is aten.permute.default and [d % 3 for d in node.args[1]] == [0, 2, 1]
+        )
+        if swap:
             transposed = not transposed
         elif op not in _THROUGH:
             return None

@@ -284,14 +284,16 @@ def _writable(put: Inserter, out: fx.Node, readers: list[fx.Node], value: fx.Nod
 def _gather(editor: Editor, value: fx.Node, shard: Shard, place: Place) -> None:
     out = value.graph.output_node()
     local = list(value.meta["val"].shape)
-    index, count = place.piece(shard.ways)
+    _, count = place.piece(shard.ways)
     local[shard.dim] //= count
     put = Inserter(editor, RULE, [value], before=out)
     full = collectives.all_gather(put, value, local, shard.dim, count, place.group)
     editor.replace_input(out, value, full, rule=RULE)
 
 
-def _local_slice(editor: Editor, reader: fx.Node, value: fx.Node, shard: Shard, place: Place) -> None:
+def _local_slice(
+    editor: Editor, reader: fx.Node, value: fx.Node, shard: Shard, place: Place
+) -> None:
     """``reader`` takes this rank's piece of the replicated ``value`` (its experts' batch)."""
     index, count = place.piece(shard.ways)
     size = int(value.meta["val"].shape[shard.dim]) // count
