@@ -74,7 +74,7 @@ def prepare(family: str, mesh: dict, tmp: Path) -> dict[str, Any]:
         "world_size": shards.world_size,
         "job": {"dir": str(d), "pp": pp, "family": family},
         "unsharded": weight_bytes(ep),
-        "minimum": 2 * (layers // pp) * hidden * 4,
+        "minimum": 2 * (layers // pp) * hidden * 4 if shards.mesh.stage_size > 1 else 0,
         "tokens": tokens,
         "sends_per_token": crossing * 4 / tokens,
         "hf": not family.startswith("decoder"),
@@ -98,12 +98,12 @@ def _torch_pipeline(rank: int, ids: torch.Tensor, expected: torch.Tensor) -> dic
 
 def rank_jobs(rank: int, jobs: list[dict], out_dir: str) -> None:
     import torch.distributed as dist
-    from torch.distributed.pipelining import ScheduleGPipe
     from shard import CommBytes
+    from torch.distributed.pipelining import ScheduleGPipe
 
     results = {}
     if any(j.get("hf") for j in jobs):
-        import transformers.integrations.moe  # noqa: F401  (grouped_mm_fallback)
+        import transformers.integrations.moe
         import transformers.modeling_outputs  # noqa: F401
     for job in jobs:
         (inputs, expected) = torch.load(Path(job["dir"], "io.pt"))
@@ -156,31 +156,35 @@ def run(cases: list[tuple[str, dict]]) -> list[tuple[dict, list[dict]]]:
 
 def show(rows: list[tuple[dict, list[dict]]]) -> None:
     print(
-        f"\n{'family':>12} {'mesh':>14} {'ranks':>5} {'max weights':>11} {'1/N':>6} "
-        f"{'collectives':>28} {'bytes/token':>11} {'minimum':>8} {'ratio':>6} {'max|diff|':>9}"
+        f"\n{'family':>12} {'mesh':>16} {'ranks':>5} {'max weights':>11} {'1/N':>6} "
+        f"{'collectives':>24} {'bytes/token':>11} {'minimum':>8} {'ratio':>6} "
+        f"{'sends/token':>11} {'max|diff|':>9}"
     )
     for p, ranks in rows:
         n = p["world_size"]
         share = max(r["bytes"] for r in ranks) / p["unsharded"]
         r0 = ranks[0]
-        calls = ", ".join(f"{v} {k}" for k, v in sorted(r0["calls"].items())) or "-"
+        names = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+        calls = ", ".join(f"{v} {names.get(k, k)}" for k, v in sorted(r0["calls"].items()))
         per_token = r0["comm"] / p["tokens"]
+        ratio = f"{per_token / p['minimum']:.2f}" if p["minimum"] else "-"
         err = max(r["err"] for r in ranks if r["err"] == r["err"])
         print(
-            f"{p['family']:>12} {p['mesh']:>14} {n:>5} {share:>11.1%} {1 / n:>6.1%} "
-            f"{calls:>28} {per_token:>11,.0f} {p['minimum']:>8,} "
-            f"{per_token / p['minimum']:>6.2f} {err:>9.1e}"
+            f"{p['family']:>12} {p['mesh']:>16} {n:>5} {share:>11.1%} {1 / n:>6.1%} "
+            f"{calls or '-':>24} {per_token:>11,.0f} {p['minimum']:>8,} {ratio:>6} "
+            f"{p['sends_per_token']:>11,.0f} {err:>9.1e}"
         )
         if "torch" in r0:
             theirs = [r["torch"] for r in ranks]
             print(
-                f"{'':>12} {'torch pipeline()':>14} {n:>5} "
+                f"{'':>12} {'torch pipeline()':>16} {n:>5} "
                 f"{max(t['bytes'] for t in theirs) / p['unsharded']:>11.1%} {1 / n:>6.1%} "
-                f"{'(send/recv)':>28} {p['sends_per_token']:>11,.0f} {'':>8} {'':>6} "
+                f"{'-':>24} {0:>11,} {'':>8} {'':>6} {'(its own)':>11} "
                 f"{max(t['err'] for t in theirs):>9.1e}"
             )
     print(
-        "max weights: the largest rank's weights by storage after save/load; minimum: two "
-        "all-reduces of the hidden state per layer of a stage; pipeline stages also send "
-        "their activation (bytes/token on the torch line, fxpass's stages send the same)."
+        "max weights: the largest rank's weights by storage after save/load; bytes/token: "
+        "the tensors its collectives reduce or gather per forward; minimum: two all-reduces "
+        "of the hidden state per layer of a stage (ratio above 1: the embedding's all-reduce "
+        "and the logits' all-gather); sends/token: the activation a pipeline stage sends."
     )

@@ -68,3 +68,13 @@ def test_plans_whose_experts_are_not_the_programs(mixtral):
 def test_the_pass_needs_a_plan():
     with pytest.raises(fp.PassFailedError, match="expert_parallel needs a plan"):
         fp.apply(_hf.exported("mixtral"), "expert_parallel{world_size=2,rank=0}")
+
+
+def test_the_rewritten_routing_passes_the_metadata_check(mixtral):
+    from fxpass.verify.invariants import check_metadata
+
+    ep, shards = mixtral
+    # (export leaves a higher-order op's submodule without a value: nothing new may miss one)
+    assert set(check_metadata(shards[1].graph_module)) <= set(check_metadata(ep.graph_module))
+    masks = [n for n in shards[1].graph.nodes if n.target is aten.where.ScalarOther]
+    assert masks and all(n.meta["from_node"] for n in masks)

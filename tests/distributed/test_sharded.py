@@ -92,7 +92,7 @@ def _logits(out):
 #: and a family; experts cut along their (interleaved) features; pipeline stages. Each case
 #: costs a save here and a load in each rank: the list is what adds coverage.
 WORLD2 = (
-    {"decoder": ["auto", "tp+fuse", "sp", "sp+fuse", "pp"], "decoder_moe": ["auto", "pp"]}
+    {"decoder": ["auto", "tp+fuse", "sp+fuse", "pp"], "decoder_moe": ["auto", "pp"]}
     | {f: ["auto"] for f in sorted(_hf.FAMILIES)}
     | {"llama": ["auto", "sp"], "gpt_oss": ["auto", "tp"]}
 )
