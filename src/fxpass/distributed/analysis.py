@@ -36,7 +36,7 @@ from .layout import Shard
 from .mesh import Mesh, expert_range
 from .plan import Decision, ShardError, ShardPlan, plural
 from .propagate import Flow, Refused, Requirement
-from .sites import Params, Site, find_sites, target_of
+from .sites import SAME_VALUE, Params, Site, find_sites, target_of
 
 __all__ = [
     "analyze",
@@ -49,18 +49,7 @@ __all__ = [
 
 aten = torch.ops.aten
 
-_SAME_VALUE = {
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.view_copy.default,
-    aten.alias.default,
-    aten.clone.default,
-    aten.contiguous.default,
-    aten.unsqueeze.default,
-    aten._to_copy.default,
-    aten.to.dtype,
-}
+_SAME_VALUE = SAME_VALUE
 _SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default}
 
 

@@ -41,25 +41,13 @@ from torch import fx
 from ..fxutil.fx import sort_key
 from .partial import WEIGHT_CHAIN
 from .plan import ExpertBlock
-from .sites import Params, is_grouped_mm, target_of
+from .sites import SAME_VALUE, Params, is_grouped_mm, target_of
 
 __all__ = ["Block", "find_blocks"]
 
 aten = torch.ops.aten
 
-#: Ops that keep the values of expert ids (casts for histc included).
-_SAME_IDS = {
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.flatten.using_ints,
-    aten.clone.default,
-    aten.alias.default,
-    aten.contiguous.default,
-    aten._to_copy.default,
-    aten.to.dtype,
-    aten.to.dtype_layout,
-}
+_SAME_IDS = SAME_VALUE  # (casts for histc included)
 _TRANSPOSE = {aten.transpose.int, aten.permute.default, aten.t.default}
 _ROW_COPIES = {aten.clone.default, aten.contiguous.default, aten.alias.default,
                aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout,

@@ -23,7 +23,7 @@ import torch
 from torch import fx
 
 from .layout import PARTIAL
-from .sites import target_of
+from .sites import SAME_VALUE, target_of
 
 __all__ = ["LINEAR", "WEIGHT_CHAIN", "from_weight", "partial_rule"]
 
@@ -31,15 +31,7 @@ aten = torch.ops.aten
 
 #: Ops a weight may pass through and still count as read from that weight (casts, views,
 #: expands, gathers of rows): a companion weight's way to the op that meets a shard.
-WEIGHT_CHAIN = {
-    aten._to_copy.default,
-    aten.to.dtype,
-    aten.to.dtype_layout,
-    aten.clone.default,
-    aten.alias.default,
-    aten.view.default,
-    aten.reshape.default,
-    aten.unsqueeze.default,
+WEIGHT_CHAIN = SAME_VALUE | {
     aten.expand.default,
     aten.index.Tensor,
     aten._assert_tensor_metadata.default,

@@ -130,8 +130,22 @@ def _unknown(data: dict, where: str, known: Any) -> None:
 
 
 # ----- the sections ------------------------------------------------------------------------
+class _Section:
+    """What the plan's sections share: JSON out, and the checks of an object read in."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def _fields(cls, data: Any, where: str) -> dict:
+        if not isinstance(data, dict):
+            raise PlanError(f"plan field '{where}' must be an object, not {data!r}")
+        _unknown(data, where, (f.name for f in dataclasses.fields(cls)))  # type: ignore[arg-type]
+        return data
+
+
 @dataclass
-class Decision:
+class Decision(_Section):
     """How one weight is laid out across the ranks of a stage, and why."""
 
     param: str
@@ -168,14 +182,9 @@ class Decision:
     def sharded(self) -> bool:
         return self.style != "replicate"
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Decision:
-        if not isinstance(data, dict):
-            raise PlanError(f"plan field '{where}' must be an object, not {data!r}")
-        _unknown(data, where, (f.name for f in dataclasses.fields(cls)))
+        data = cls._fields(data, where)
         dim = _get(data, where, "dim", (int, None), None)
         if dim is not None and dim < 0:
             raise PlanError(f"plan field '{where}.dim' must be >= 0, not {dim}")
@@ -193,7 +202,7 @@ class Decision:
 
 
 @dataclass
-class ExpertBlock:
+class ExpertBlock(_Section):
     """A mixture of experts split across expert groups: ``router`` is the top-k node,
     ``weights`` the expert stacks (dim 0: the experts), ``exits`` where each rank's rows
     leave the experts (masked to the rows of its experts, then partial sums)."""
@@ -204,14 +213,9 @@ class ExpertBlock:
     exits: list[str]
     reason: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, data: Any, where: str) -> ExpertBlock:
-        if not isinstance(data, dict):
-            raise PlanError(f"plan field '{where}' must be an object, not {data!r}")
-        _unknown(data, where, (f.name for f in dataclasses.fields(cls)))
+        data = cls._fields(data, where)
         experts = _get(data, where, "experts", int)
         if experts < 2:
             raise PlanError(f"plan field '{where}.experts' must be at least 2, not {experts}")
@@ -225,7 +229,7 @@ class ExpertBlock:
 
 
 @dataclass
-class Stage:
+class Stage(_Section):
     """One pipeline stage: the graph's nodes ``first`` to ``last`` (in order), the values
     it ``receives`` and ``sends``, and its share of the weights and FLOPs."""
 
@@ -236,14 +240,9 @@ class Stage:
     weight_bytes: int = 0
     flops: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Stage:
-        if not isinstance(data, dict):
-            raise PlanError(f"plan field '{where}' must be an object, not {data!r}")
-        _unknown(data, where, (f.name for f in dataclasses.fields(cls)))
+        data = cls._fields(data, where)
         return cls(
             first=_get(data, where, "first", str),
             last=_get(data, where, "last", str),

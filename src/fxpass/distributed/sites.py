@@ -26,9 +26,25 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind
 
 from ..fxutil.dialect import aten_op
 
-__all__ = ["Params", "Site", "find_sites", "target_of"]
+__all__ = ["SAME_VALUE", "Params", "Site", "find_sites", "target_of"]
 
 aten = torch.ops.aten
+
+#: Ops whose result holds the values of their input (views, copies, casts).
+SAME_VALUE = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.view_copy.default,
+    aten.flatten.using_ints,
+    aten.unsqueeze.default,
+    aten.alias.default,
+    aten.clone.default,
+    aten.contiguous.default,
+    aten._to_copy.default,
+    aten.to.dtype,
+    aten.to.dtype_layout,
+}
 
 _TRANSPOSES = {aten.permute.default, aten.t.default, aten.transpose.int}
 
@@ -170,20 +186,17 @@ def _stacked_weight(node: Any, params: Params) -> tuple[fx.Node, tuple, bool] | 
 def _site(node: fx.Node, params: Params) -> Site | None:
     op = target_of(node)
     args = node.args
-    if is_grouped_mm(op) and len(args) >= 2:
+    stacked = "grouped" if is_grouped_mm(op) else None
+    if op in (aten.bmm.default, aten.matmul.default):
+        stacked = "batched"
+    if stacked is not None and len(args) >= 2:  # x[S, in] or x[E, T, in] @ W[E, in, out]
         found = _stacked_weight(args[1], params)
         x = _val(args[0])
-        if found is not None and isinstance(x, torch.Tensor) and x.dim() == 2:
+        rank = 2 if stacked == "grouped" else 3
+        if found is not None and isinstance(x, torch.Tensor) and x.dim() == rank:
             w, path, transposed = found
             out_dim, in_dim = (1, 2) if transposed else (2, 1)
-            return Site("grouped", node, args[0], w, None, path, out_dim, in_dim)
-    if op in (aten.bmm.default, aten.matmul.default) and len(args) >= 2:
-        found = _stacked_weight(args[1], params)
-        x = _val(args[0])
-        if found is not None and isinstance(x, torch.Tensor) and x.dim() == 3:
-            w, path, transposed = found
-            out_dim, in_dim = (1, 2) if transposed else (2, 1)
-            return Site("batched", node, args[0], w, None, path, out_dim, in_dim)
+            return Site(stacked, node, args[0], w, None, path, out_dim, in_dim)
     if op is aten.linear.default and _weight_2d(args[1], params):
         bias = args[2] if len(args) > 2 else node.kwargs.get("bias")
         if bias is not None and not _bias_1d(bias, params):
