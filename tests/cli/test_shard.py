@@ -21,6 +21,13 @@ def model_pt2(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def moe_pt2(tmp_path_factory):
+    path = tmp_path_factory.mktemp("shard") / "moe.pt2"
+    torch.export.save(exported(dtype=torch.float32, moe_experts=4), str(path))
+    return path
+
+
 def _run(capsys, *args: str) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as e:
         main(list(args))
@@ -108,3 +115,17 @@ def test_a_mesh_from_the_command_line(capsys, model_pt2, tmp_path):
     assert code == 0 and manifest["mesh"] == {"tp": 2, "ep": 1, "pp": 1}
     code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "1", "-o", str(tmp_path / "one"))
     assert code == 0 and "1 rank" in out and "wrote 1 program," in out
+
+
+def test_tp_ep_pp_is_the_python_equivalent(capsys, moe_pt2):
+    import fxpass as fp
+
+    args = ["--tp", "2", "--ep", "2", "--pp", "2", "--print-plan", "--json"]
+    code, out, _ = _run(capsys, "shard", str(moe_pt2), *args)
+    plan = fp.distributed.ShardPlan.from_dict(json.loads(out))
+    assert code == 0 and plan.mesh == fp.distributed.Mesh(tp=2, ep=2, pp=2)
+    assert len(plan.stages) == 2 and len(plan.experts) == 2 and plan.world_size == 8
+    program = torch.export.load(str(moe_pt2))
+    same = fp.distributed.analyze(program, mesh=fp.distributed.Mesh(tp=2, ep=2, pp=2))
+    assert same.decisions == plan.decisions and same.experts == plan.experts
+    assert plan.stages == fp.pipeline_stages(program, stages=2).stages

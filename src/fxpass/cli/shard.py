@@ -72,7 +72,7 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     ranks are their product). Each rank loads its file and runs it on torch.distributed; with
     --pp, under torch.distributed.pipelining (see docs/distributed.md).
     """
-    from ..distributed import PlanError, analyze, shard
+    from ..distributed import PlanError, analyze, pipeline_stages, shard
     from ..distributed.sharded import resolve_mesh
 
     dims = _mesh_dims(world_size, tp, ep, pp)
@@ -93,9 +93,8 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
         plan = analyze(t.program, mesh=mesh, uneven=uneven)
     console = stdout()
     if out_dir is None:
-        if plan is not None and plan.mesh.pp > 1:  # the stages are part of the plan
-            plan = shard(t.program, plan=plan, sequence_parallel=sequence_parallel,
-                         fuse=fuse).plan  # fmt: skip
+        if plan is not None and plan.mesh.pp > 1 and not plan.stages:  # part of the plan
+            plan.stages = pipeline_stages(t.program, plan.mesh.pp).stages
         if as_json:
             emit_json(plan.to_dict() if plan is not None else {})
         elif plan is not None:
