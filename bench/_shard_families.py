@@ -66,8 +66,8 @@ def prepare(family: str, mesh: dict, tmp: Path) -> dict[str, Any]:
     torch.save((inputs, expected), d / "io.pt")
     nodes = {n.name: n for n in ep.graph.nodes}
     sends = shards.plan.stages[0].sends if pp > 1 else []
-    crossing = sum(nodes[name].meta["val"].numel() for name in sends)
-    tokens = inputs[0][0].numel()
+    crossing = sum(nodes[name].meta["val"].numel() for name in sends) * MICRO
+    tokens = inputs[0].numel()  # every microbatch's
     return {
         "family": family,
         "mesh": str(shards.mesh),
@@ -107,10 +107,13 @@ def rank_jobs(rank: int, jobs: list[dict], out_dir: str) -> None:
         import transformers.modeling_outputs  # noqa: F401
     for job in jobs:
         (inputs, expected) = torch.load(Path(job["dir"], "io.pt"))
+        stage = load_stage(job["dir"]) if job["pp"] > 1 else None
+        if stage is not None:  # a first step infers the stages' shapes: not counted
+            schedule = ScheduleGPipe(stage, n_microbatches=inputs[0].shape[0])
+            with torch.no_grad():
+                schedule.step(*inputs) if stage.is_first else schedule.step()
         with CommBytes() as comm, torch.no_grad():
-            if job["pp"] > 1:
-                stage = load_stage(job["dir"])
-                schedule = ScheduleGPipe(stage, n_microbatches=inputs[0].shape[0])
+            if stage is not None:
                 out = schedule.step(*inputs) if stage.is_first else schedule.step()
                 last = stage.is_last
                 nbytes = weight_bytes(stage.submod)
