@@ -363,8 +363,13 @@ def shard(
     the_mesh = resolve_mesh(program, world_size, mesh, tp, ep, pp, the_plan)
     unsharded = weight_bytes(program)
     if the_mesh.world_size == 1:
+        the_plan = ShardPlan(the_mesh, [])
+        if fuse:
+            the_plan.options["fuse"] = True
         options = {**OPTIONS, "group": group}
-        return ShardedPrograms([program], ShardPlan(the_mesh, []), [None], unsharded, options)
+        out = ShardedPrograms([program], the_plan, [None], unsharded, options)
+        out.notes = _notes(out)
+        return out
     if the_plan is None:
         the_plan = analyze(program, mesh=the_mesh, uneven=uneven)
     for key, value in (("sequence_parallel", sequence_parallel), ("fuse", fuse)):
