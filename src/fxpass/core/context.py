@@ -24,6 +24,7 @@ __all__ = [
     "DebugCounter",
     "PassContext",
     "current_context",
+    "detached",
     "scoped",
     "stat",
 ]
@@ -160,6 +161,13 @@ def scoped(var: contextvars.ContextVar[T], value: T) -> Iterator[T]:
 
 def _activate(ctx: PassContext) -> contextlib.AbstractContextManager[PassContext]:
     return scoped(_CURRENT, ctx)
+
+
+def detached() -> contextlib.AbstractContextManager[None]:
+    """Leave the pipeline run in progress for the ``with`` block: a pipeline run inside it is
+    a run of its own (its own rollback, checks and report), not a part of the outer one.
+    For code that, from inside a pass, transforms an unrelated graph with a pipeline."""
+    return scoped(_CURRENT, None)
 
 
 def stat(name: str, value: float = 1) -> None:
