@@ -25,7 +25,8 @@ from torch.export import ExportedProgram
 __all__ = ["checked", "program_state", "remember_checked"]
 
 # graph module -> (state, objects kept alive so that the ids in the state stay theirs). The
-# state names nodes by name, never holds one (a node holds its graph and so the module).
+# state names nodes by name and holds no node or graph (they hold the module: it would never
+# be freed).
 _PASSED: weakref.WeakKeyDictionary[fx.GraphModule, tuple[tuple, tuple]] = (
     weakref.WeakKeyDictionary()
 )
@@ -51,8 +52,7 @@ def program_state(program: ExportedProgram) -> tuple[tuple, tuple]:
     graphs = []
     for name, module in graph_module.named_modules():
         if isinstance(module, fx.GraphModule):
-            graphs.append((name, id(module.graph), _graph_state(module.graph)))
-            objects.append(module.graph)
+            graphs.append((name, _graph_state(module.graph)))
     metadata = []
     for node in graph_module.graph.nodes:
         val, torch_fn = node.meta.get("val"), node.meta.get("torch_fn")

@@ -114,5 +114,4 @@ def one_recompile(fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             recompiler.finish()
 
-    run.__fxpass_wraps__ = fn  # type: ignore[attr-defined]
     return run

@@ -12,11 +12,18 @@ is imported::
     fxet.install()                        # first: nothing of ExecuTorch is imported yet
     from executorch.exir import to_edge_transform_and_lower   # its passes now run on fxpass
 
-:func:`install` puts an import hook on ``sys.meta_path``: the moment ExecuTorch's
-``pass_base`` (``pass_manager``) module has run, and before the module that imported it reads
-anything from it, its ``ExportPass`` (``PassManager``, ``ExportedProgramPassManager``) is
-replaced by fxpass's. Everything else in those modules (``ProxyValue``, ``NodeMetadata``,
-``PassResult``, the errors) stays ExecuTorch's, as fxpass's classes use them.
+:func:`install` puts an import hook on ``sys.meta_path``: the moment one of these ExecuTorch
+modules has run, and before the module that imported it reads anything from it, fxpass puts
+its own objects in (:data:`_SWAPS`):
+
+* ``pass_base.ExportPass`` and ``pass_manager.PassManager`` / ``ExportedProgramPassManager``:
+  fxpass's classes;
+* ``lowered_backend_module.legalize_graph``: the same order, made in place
+  (:mod:`._fusion`);
+* ``backend_api``'s loops over partitions: ExecuTorch's own, recompiling the program once.
+
+Everything else in those modules (``ProxyValue``, ``NodeMetadata``, ``PassResult``, the
+errors) stays ExecuTorch's, as fxpass's classes use them.
 
 :func:`uninstall` (or leaving ``with install():``) removes the hook and puts ExecuTorch's
 classes back into its modules: code that asks for ``executorch.exir.pass_base.ExportPass``
@@ -105,8 +112,8 @@ class _SwapAfterExec(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds ExecuTorch's ``pass_base`` and ``pass_manager`` as the other finders do, and
-    wraps their loaders so that fxpass's classes replace ExecuTorch's once they have run."""
+    """Finds the ExecuTorch modules in :data:`_SWAPS` as the other finders do, and wraps their
+    loaders so that fxpass's objects replace ExecuTorch's once each module has run."""
 
     def find_spec(
         self, fullname: str, path: Any = None, target: types.ModuleType | None = None
@@ -162,7 +169,8 @@ def _defined_too_early(module: types.ModuleType) -> list[str]:
 
 def install() -> Installation:
     """Make ExecuTorch hand out fxpass's ``ExportPass``, ``PassManager`` and
-    ``ExportedProgramPassManager`` from its own modules, process-wide.
+    ``ExportedProgramPassManager`` from its own modules, process-wide (and fuse partitions
+    with one recompile, see the module's doc).
 
     Call it before ExecuTorch is imported. Calling it again while installed does nothing.
     Raises ``RuntimeError`` if ExecuTorch's ``pass_base`` was already imported and passes were
@@ -175,11 +183,12 @@ def install() -> Installation:
     if loaded is not None and hasattr(loaded, "ExportPass"):
         early = _defined_too_early(loaded)
         if early:
+            passes = f"{len(early)} passes are" if len(early) > 1 else "1 pass is"
             raise RuntimeError(
                 "fxpass.compat.executorch.install() must run before ExecuTorch is imported: "
-                f"{len(early)} passes are already defined on ExecuTorch's own ExportPass "
-                f"(e.g. {early[0]}); call install() first thing in the process (before "
-                "`import executorch...`), or in a fresh interpreter"
+                f"{passes} already defined on ExecuTorch's own ExportPass (e.g. {early[0]}); "
+                "call install() first thing in the process (before `import executorch...`), "
+                "or in a fresh interpreter"
             )
     _FINDER = _Finder()
     sys.meta_path.insert(0, _FINDER)
