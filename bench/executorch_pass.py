@@ -1,4 +1,6 @@
-"""ExecuTorch's ExportPass against fxpass.compat.executorch.ExportPass, on Edge graphs.
+"""ExecuTorch's ExportPass against fxpass.compat.executorch.ExportPass, pass for pass.
+
+(bench/executorch.py times ExecuTorch's whole lowering with and without install().)
 
 The same two passes, written once against ExecuTorch's hooks, run through
 ``executorch.exir.pass_base.ExportPass`` and through ``fxpass.compat.executorch.ExportPass``
@@ -17,8 +19,8 @@ Times are the CPU time of this process (``time.process_time``, the best of ``--r
 runs), so other work on a shared machine does not skew the ratio; on an idle machine wall
 time is about the same (both passes run single-threaded Python).
 
-    python bench/executorch.py            # 2, 16, 64 layers (to_edge of 64 layers takes minutes)
-    python bench/executorch.py --quick    # 1 layer, a smoke test
+    python bench/executorch_pass.py            # 2, 16, 64 layers (to_edge of 64 layers takes minutes)
+    python bench/executorch_pass.py --quick    # 1 layer, a smoke test
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import os
 import sys
 import time
 
-# python puts this file's folder first on the path, where this file would stand in for the
-# executorch package: out while executorch is imported, back in for _common
+# python puts this file's folder first on the path, where bench/executorch.py would stand in
+# for the executorch package: out while executorch is imported, back in for _common
 sys.path.remove(sys.path[0])
 
 import torch
