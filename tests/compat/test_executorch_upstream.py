@@ -60,7 +60,8 @@ globals().update(
 # install() swaps ExecuTorch's classes process-wide before ExecuTorch is imported: ExecuTorch's
 # tests then run on fxpass unchanged (their passes, managers and lowering included), in a
 # fresh interpreter. Run once in full (FXPASS_EXECUTORCH_UPSTREAM=all, about 5 minutes here):
-# with and without install() the same 90 tests pass and the same 17 fail (below).
+# with and without install() the same 90 tests pass (73 of test_passes.py, 17 of
+# test_pass_infra.py) and the same 17 fail (below), as without it.
 #
 # Failing without install() too, in this environment (deselected):
 _FAIL_WITHOUT_INSTALL = {
@@ -69,8 +70,11 @@ _FAIL_WITHOUT_INSTALL = {
     # needs ExecuTorch's test-only op library (my_awesome_3rdparty_ns), not in the wheel
     "test_passes.py::TestPasses::test_to_out_variant_none_output": "",
 }
-# Slow (3 to 60 s each, together about 3 minutes; they pass with install()), left to the full
-# run: quantization, delegation and control-flow end-to-end flows rather than pass machinery.
+# Left to the full run to keep the suite's time: the slowest tests (1.5 to 60 s each here,
+# together about 3.5 minutes; all pass with install()): quantization, delegation, control-flow
+# and memory-planning flows end to end. The ~40 that stay (about 40 s) still run ExecuTorch's
+# Edge passes, CSE, constant propagation, spec propagation, debug handles, dim-order and
+# out-variant passes through its managers — on fxpass.
 _SLOW = (
     "test_to_edge_quantized_dropout",
     "test_constant_prop_pass_after_delegation",
@@ -87,6 +91,21 @@ _SLOW = (
     "test_to_out_variant_to_copy",
     "test_constant_prop_pass_for_no_grad",
     "test_arange",
+    "test_duplicate_unary_ops_deduplicated",
+    "test_remove_mixed_types_symfloats",
+    "test_spec_prop_pass_unbacked_symint",
+    "test_backend_fused_op_retraceable",
+    "test_dim_order_revert_pass",
+    "test_symint_conversion",
+    "test_spec_prop_pass_tuple_output",
+    "test_constant_prop_pass_for_control_flow",
+    "test_to_out_variant_singleon_tensor_list",
+    "test_constant_prop_pass_for_mutable_buffers",
+    "test_to_out_variant_multiple_out",
+    "test_to_edge_with_edge_ops",
+    "test_replace_slice",
+    "test_noop_when_no_duplicates",
+    "test_clone_no_kwarg_preserves_channels_last_dim_order",
 )
 _RUN_INSTALLED = """
 import sys
@@ -130,4 +149,4 @@ def test_executorchs_own_pass_tests_pass_with_install(tmp_path):
     assert proc.returncode == 0, out[-6000:]
     assert "ExportPass from fxpass.compat.executorch._pass_base" in proc.stdout, out[-2000:]
     passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed[1]) >= 70 and " failed" not in proc.stdout, out[-2000:]
+    assert passed and int(passed[1]) >= 50 and " failed" not in proc.stdout, out[-2000:]
