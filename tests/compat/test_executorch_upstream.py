@@ -72,7 +72,7 @@ _FAIL_WITHOUT_INSTALL = {
 }
 # Left to the full run to keep the suite's time: the slowest tests (1.5 to 60 s each here,
 # together about 3.5 minutes; all pass with install()): quantization, delegation, control-flow
-# and memory-planning flows end to end. The ~40 that stay (about 40 s) still run ExecuTorch's
+# and memory-planning flows end to end. The 44 that stay (about 40 s) still run ExecuTorch's
 # Edge passes, CSE, constant propagation, spec propagation, debug handles, dim-order and
 # out-variant passes through its managers — on fxpass.
 _SLOW = (
