@@ -28,9 +28,9 @@ from . import (  # noqa: F401  (registers the passes)
 )
 from .analysis import analyze, choose_mesh
 from .mesh import Mesh
-from .pipeline import PipelineStages, pipeline_stages
 from .plan import Decision, ExpertBlock, PlanError, ShardError, ShardPlan, Stage
 from .sharded import ShardedPrograms, init_groups, load_rank, load_stage, shard, weight_bytes
+from .stages import PipelineStages, pipeline_stages
 
 __all__ = [
     "Decision",

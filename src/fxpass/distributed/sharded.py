@@ -42,9 +42,9 @@ from .analysis import analyze, check_world_size, choose_mesh, graph_and_params
 from .collectives import C10D, DEFAULT_GROUP
 from .expert_parallel import ExpertScript, expert_parallel, expert_script
 from .mesh import Mesh, MeshError
-from .pipeline import PipelineStages, pipeline_stages
 from .plan import OPTIONS, PlanError, ShardError, ShardPlan, plural
 from .sequence_parallel import sequence_parallel as _sequence_parallel
+from .stages import PipelineStages, pipeline_stages
 from .tensor_parallel import TensorScript, tensor_parallel, tensor_script
 
 __all__ = [

@@ -361,7 +361,7 @@ class FakeEvaluator:
 
         def convert(v: Any) -> Any:
             if isinstance(v, torch.Tensor) and not _is_fake(v):
-                return mode.from_tensor(v)
+                return mode.from_tensor(v, static_shapes=True)
             return v
 
         return value if mode is None else pytree.tree_map(convert, value)
