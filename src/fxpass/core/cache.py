@@ -40,6 +40,7 @@ from torch import fx
 
 from ..fxutil.files import write_atomic
 from ..fxutil.fx import release_name
+from ..fxutil.messages import error_summary, first_line
 from ..fxutil.paths import find_path
 from ..fxutil.values import fake_value, node_val, returns_alias, same_value
 from .contract import Pass
@@ -178,8 +179,9 @@ class _Invalid(Exception):
 
 
 def _why(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text if isinstance(e, (_Invalid, GraphFileError)) else f"{type(e).__name__}: {text}"
+    if isinstance(e, (_Invalid, GraphFileError)):  # its message says what is wrong
+        return first_line(e) or type(e).__name__
+    return error_summary(e)
 
 
 def _read_entry(path: Path, key: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..fxutil.messages import first_line
 from .contract import FunctionPass, ObjectPass, Pass, PassResult
 from .errors import FxpassError, SpecError
 from .imports import cwd_on_path, import_modules, resolve_import
@@ -215,7 +216,7 @@ class CrashReproducer(Instrumentation):
             (tmp / "imports.txt").write_text("\n".join(self.imports) + "\n")
         cause = error.__cause__ or error.cause
         tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-        (tmp / "error.txt").write_text(f"{str(error).splitlines()[0]}\n\n{tb}")
+        (tmp / "error.txt").write_text(f"{first_line(error)}\n\n{tb}")
         warning = (
             f"\nwarning: these passes have no importable name (define them, or the objects "
             f"that hold them, at module level of an importable module): {', '.join(unnamed)}\n"
@@ -224,7 +225,7 @@ class CrashReproducer(Instrumentation):
         )
         (tmp / "README.txt").write_text(
             f"fxpass crash reproducer\n\npass '{error.pass_name}' failed:\n  "
-            f"{str(error).splitlines()[0]}\n\nreproduce with:\n  python -m fxpass repro "
+            f"{first_line(error)}\n\nreproduce with:\n  python -m fxpass repro "
             f"{target}\n{warning}"
         )
         tmp.rename(target)

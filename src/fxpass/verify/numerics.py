@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
+from ..fxutil.messages import error_summary
 from .compare import (
     Comparison,
     Divergence,
@@ -68,9 +69,8 @@ def check_graph(
     try:
         outputs = run_graph(gm, inputs)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
         failure = Divergence(
-            -1, "the graph", expected="outputs", actual=f"{type(e).__name__}: {first}", reason="run"
+            -1, "the graph", expected="outputs", actual=error_summary(e), reason="run"
         )
         return Comparison(ok=False, outputs=len(reference), failures=[failure])
     return compare_outputs(reference, outputs, rtol=rtol, atol=atol, names=names, truth=truth)
@@ -230,10 +230,9 @@ class NumericsCheck(Instrumentation):
             self.reference = run_graph(gm, self._inputs)
             self.truth = run_graph_promoted(gm, self._inputs)
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0][:200]
             raise FxpassError(
                 "cannot verify numerics: the input graph does not run on the sample inputs "
-                f"({type(e).__name__}: {first})"
+                f"({error_summary(e)})"
             ) from e
 
     def after_pass(self, record, gm, ctx):
