@@ -71,9 +71,10 @@ def evaluate(program: Any, target: Target) -> list[Any]:
     return run_graph(program, user_inputs(target))
 
 
-def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
-    """``program``'s outputs computed in float32 where it uses bf16/fp16 (or None): the
-    yardstick that tells rounding from wrong rewrites (see ``compare_outputs``)."""
+def evaluate_promoted(program: Any, target: Target) -> Any:
+    """``program``'s outputs computed in float32 where it uses bf16/fp16 (or None, or why
+    that run failed): the yardstick that tells rounding from wrong rewrites (see
+    ``run_graph_promoted``, ``compare_outputs``)."""
     import torch
 
     from ..verify.compare import run_graph_promoted

@@ -195,7 +195,7 @@ class NumericsCheck(Instrumentation):
         self.raise_on_divergence = raise_on_divergence
         self.names = list(names) if names is not None else None
         self._known = (
-            (list(reference), list(truth) if truth is not None else None)
+            (list(reference), list(truth) if isinstance(truth, Sequence) else truth)
             if reference is not None
             else None
         )
