@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = INTERRUPTED
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else FAILED
-    except BaseException as e:
+    except BaseException as e:  # broad: reported — the command's one line on stderr, exit code
         code, message = _code_for(e)
         if debug:
             traceback.print_exception(e)

@@ -141,7 +141,7 @@ def _object_ref(obj: Any) -> str | None:
         try:
             if resolve_import(ref) is obj:
                 return ref
-        except Exception:
+        except Exception:  # broad: not importable under its own name: look for another below
             pass
     return _global_ref(obj)
 
@@ -199,7 +199,7 @@ class CrashReproducer(Instrumentation):
             target = self.folder / f"{stamp}-{name}-{n}"
         try:
             self._write(target, pipeline, gm, ctx, error)
-        except Exception as e:  # the original failure matters more than the reproducer's
+        except Exception as e:  # broad: reported on the error, which matters more than this one
             error.args = (f"{error.args[0]}\n  (no reproducer written: {type(e).__name__}: {e})",)
             return
         self.written.append(target)

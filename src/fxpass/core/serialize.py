@@ -65,7 +65,7 @@ def _encode_target(target: Any) -> Any:
             try:
                 if _resolve_callable(ref) is target:
                     return {"py": ref}
-            except Exception:
+            except Exception:  # broad: not this name; the error below says what can be saved
                 pass
     raise GraphFileError(
         f"cannot save a call to {target!r}: only torch ops and functions from torch, operator, "

@@ -119,7 +119,7 @@ def _check_node(node: fx.Node, new_input: fx.Node | None) -> str | None:
     evaluator = FakeEvaluator(strictness=Strictness.DECLINE, cache=None, new_mode=False)
     try:
         computed = evaluator.rerun(node, value=_input_value)
-    except Exception as e:
+    except Exception as e:  # broad: reported — the layout problem says it no longer runs, why
         return f"{_describe(node, new_input)} no longer runs on its inputs ({error_summary(e)})"
     if computed is None:
         return None

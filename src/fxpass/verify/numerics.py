@@ -68,7 +68,7 @@ def check_graph(
     ``truth`` is the original's float32 outputs (:func:`run_graph_promoted`), if known."""
     try:
         outputs = run_graph(gm, inputs)
-    except Exception as e:
+    except Exception as e:  # broad: reported — a graph that does not run diverges, saying why
         failure = Divergence(
             -1, "the graph", expected="outputs", actual=error_summary(e), reason="run"
         )
