@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import os
 import shlex
+import shutil
 import sys
 import time
 import traceback
@@ -207,8 +208,18 @@ class CrashReproducer(Instrumentation):
         error.with_reproducer(command)
 
     def _write(self, target: Path, pipeline, gm, ctx, error) -> None:
+        """Fill a hidden folder beside ``target``, then rename it into place: a reproducer
+        appears whole or not at all (the partial folder goes when writing fails)."""
         tmp = target.with_name(f".{target.name}.partial")
         tmp.mkdir(parents=True)
+        try:
+            self._fill(tmp, target, pipeline, gm, ctx, error)
+            tmp.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _fill(self, tmp: Path, target: Path, pipeline, gm, ctx, error) -> None:
         save_graph(gm, tmp / "input.fxgraph", ctx.sample_inputs)
         spec, unnamed = importable_spec(pipeline)
         (tmp / "pipeline.txt").write_text(spec + "\n")
@@ -228,7 +239,6 @@ class CrashReproducer(Instrumentation):
             f"{first_line(error)}\n\nreproduce with:\n  python -m fxpass repro "
             f"{target}\n{warning}"
         )
-        tmp.rename(target)
 
 
 def load_reproducer(folder: str | os.PathLike):
