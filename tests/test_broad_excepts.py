@@ -90,7 +90,7 @@ def test_every_broad_except_raises_reports_or_says_why():
 
 
 def test_the_walk_tells_silent_handlers_from_the_others():
-    source = '''
+    source = """
 import contextlib, warnings
 try: f()
 except Exception: pass
@@ -121,5 +121,5 @@ with contextlib.suppress(Exception): g()
 with contextlib.suppress(Exception):  # broad: the picture works without the module name
     g()
 with contextlib.suppress(KeyError): g()
-'''
+"""
     assert silent_handlers(source) == [4, 6, 8, 16, 21, 24, 28]

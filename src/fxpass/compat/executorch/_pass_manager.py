@@ -36,12 +36,14 @@ from torch.export import ExportedProgram
 from torch.export.exported_program import _common_getitem_elimination_pass
 from torch.utils import _pytree as pytree
 
+from ...core.context import detached
 from ...core.contract import Pass
 from ...core.contract import PassResult as _FxpassPassResult
 from ...core.errors import PassFailedError
 from .._pass_infra import PassManager as _TorchPassManager
 from .._pass_infra import pass_result_wrapper
 from .._policy import manager_rounds, pass_manager_error, pass_name
+from ._checked import checked, program_state, remember_checked
 from ._pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
 __all__ = ["ExportedProgramPassManager", "PassManager"]
@@ -83,6 +85,10 @@ class PassManager(_TorchPassManager):
             suppress_check_failures=suppress_check_failures,
             steps=steps,
         )
+
+    def __call__(self, module: torch.nn.Module) -> Any:  # type: ignore[override]
+        with detached():  # a run of its own, also when a pass calls the manager
+            return super().__call__(module)
 
     def check(self, module: torch.nn.Module) -> None:
         """The module is a GraphModule whose graph lints and has no ``call_method`` node."""
@@ -183,12 +189,17 @@ class ExportedProgramPassManager(_TorchPassManager):
         )
 
     def check(self, exported_program: ExportedProgram) -> None:  # type: ignore[override]
-        """The graph lints, has no ``call_method`` node, and the program validates."""
+        """The graph lints, has no ``call_method`` node, and the program validates (not
+        again on a program state that already passed: see :mod:`._checked`)."""
+        state = program_state(exported_program)
+        if checked(exported_program, state):
+            return
         graph_module = exported_program.graph_module
         graph_module.recompile()
         graph_module.graph.lint()
         _reject_call_method(graph_module)
         exported_program.validate()
+        remember_checked(exported_program, state)
 
     def __call__(  # type: ignore[override]
         self, exported_program: ExportedProgram, override_verifiers: list[Any] | None = None
@@ -206,7 +217,8 @@ class ExportedProgramPassManager(_TorchPassManager):
             self, passes, lambda gm: self.check(run.program), type(self).__name__
         )
         try:
-            result = rounds.run(exported_program.graph_module)
+            with detached():  # a run of its own, also when a pass calls the manager
+                result = rounds.run(exported_program.graph_module)
         except PassFailedError as e:
             run.restore()
             names = [pass_name(p) for p in self.passes]
