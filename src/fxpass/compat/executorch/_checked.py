@@ -82,7 +82,7 @@ def checked(program: ExportedProgram, state: tuple[tuple, tuple]) -> bool:
         return False
     try:
         return bool(passed[0] == state[0])
-    except Exception:  # an argument that cannot be compared: check again
+    except Exception:  # broad: an argument that cannot be compared (tensors): check again
         return False
 
 
