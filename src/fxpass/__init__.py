@@ -14,7 +14,7 @@ from . import (  # noqa: F401  (importing passes registers the library)
 )
 from .core.analysis_manager import analysis
 from .core.context import ChangeEvent, DebugCounter, PassContext, current_context, stat
-from .core.contract import FunctionPass, Pass, PassResult, as_pass
+from .core.contract import FunctionPass, Pass, PassResult
 from .core.errors import (
     CheckFailedError,
     ConstraintCycleError,
@@ -27,7 +27,7 @@ from .core.errors import (
 )
 from .core.instrument import Instrumentation, PrintIR, Statistics, Timing
 from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
-from .core.registry import register
+from .core.registry import as_pass, register
 from .core.report import PassRecord, Report
 from .core.version import __version__
 from .distributed import pipeline_stages, shard

@@ -9,7 +9,6 @@ import torch
 import fxpass as fp
 from fxpass.core.ranges import (
     SizeRange,
-    applies_to,
     compile_range,
     current_range,
     declared_ranges,
@@ -17,7 +16,7 @@ from fxpass.core.ranges import (
     parse_ranges,
     range_skip,
 )
-from fxpass.core.registry import REGISTRY
+from fxpass.core.registry import REGISTRY, applies_to
 
 aten = torch.ops.aten
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fxpass as fp
+from fxpass.core.pipeline import register_pipelines
 from fxpass.core.registry import Registry
 
 
@@ -112,6 +113,9 @@ def test_index_insertion_listing_and_removal_like_torch_tensorrt(reg, llama_gm):
     assert lowering.names() == ["first", "middle", "last"]
     dump = lowering.dump()
     assert "0  first" in dump and "1  middle" in dump and "Runs in the middle." in dump
+    with pytest.raises(LookupError, match="register_pipelines"):
+        lowering.apply(llama_gm, [torch.zeros(1)])  # a bare registry makes no pipelines
+    register_pipelines(reg)
     lowering.apply(llama_gm, [torch.zeros(1)])
     assert order == ["first", "middle", "last"]
     assert lowering.remove(1) == "middle"

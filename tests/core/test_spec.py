@@ -10,14 +10,15 @@ from hypothesis import strategies as st
 
 import fxpass as fp
 from fxpass.core.options import Range
-from fxpass.core.registry import Registry, _register_builtins
+from fxpass.core.pipeline import register_pipelines
+from fxpass.core.registry import Registry
 from fxpass.core.spec import parse_spec
 
 
 @pytest.fixture(scope="module")
 def reg() -> Registry:
     reg = Registry(entry_points=False)
-    _register_builtins(reg)
+    register_pipelines(reg)
 
     for name in ("remove_assert_ops", "cse", "dce", "canon"):
         reg.register(name)(lambda gm: None)

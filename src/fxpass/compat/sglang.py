@@ -23,8 +23,9 @@ from typing import Any
 from torch import fx
 
 from ..core.context import stat
-from ..core.contract import FunctionPass, Pass, PassResult, as_pass
+from ..core.contract import FunctionPass, Pass, PassResult
 from ..core.pipeline import Pipeline
+from ..core.registry import as_pass
 
 __all__ = ["PassManager"]
 

@@ -19,7 +19,6 @@ from torch import fx
 from ..fxutil.messages import first_line
 from .analysis_manager import PreservedAnalysisError
 from .context import PassContext
-from .contract import Pass
 from .errors import CheckFailedError
 from .report import PassRecord
 
@@ -28,7 +27,7 @@ __all__ = ["Check", "after_leaf", "run_checks", "watch"]
 Check = Callable[[fx.GraphModule], Any]
 
 
-def watch(p: Pass, gm: fx.GraphModule, ctx: PassContext) -> list[tuple[Any, Any, Any]]:
+def watch(p: Any, gm: fx.GraphModule, ctx: PassContext) -> list[tuple[Any, Any, Any]]:
     """Call ``before_pass`` of the checks that look at a pass's input; (pipeline, check,
     state) for each."""
     out = []
@@ -42,7 +41,7 @@ def watch(p: Pass, gm: fx.GraphModule, ctx: PassContext) -> list[tuple[Any, Any,
 
 
 def after_leaf(
-    p: Pass,
+    p: Any,
     gm: fx.GraphModule,
     ctx: PassContext,
     record: PassRecord,

@@ -15,14 +15,11 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ..edit.editor import ChangeEvent, Editor, listening
 from .analysis_manager import AnalysisManager, managing
-
-if TYPE_CHECKING:
-    from .instrument import Instrumentation
-    from .report import PassRecord
+from .report import PassRecord
 
 __all__ = [
     "ChangeEvent",
@@ -89,7 +86,8 @@ class PassContext:
     """
 
     sample_inputs: Sequence[Any] | None = None
-    instruments: list[Instrumentation] = field(default_factory=list)
+    #: the run's :class:`~fxpass.Instrumentation` objects, called around every pass
+    instruments: list[Any] = field(default_factory=list)
     debug_counter: DebugCounter | None = None
     enabled: Callable[[str], bool] = _enabled
     actions: int = 0

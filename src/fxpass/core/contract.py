@@ -8,7 +8,8 @@ A pass is any of
   subclass, a ``torch.fx.passes.infra.pass_base.PassBase``, an ExecuTorch pass;
 * a :class:`~fxpass.Pipeline` (pipelines nest).
 
-:func:`as_pass` turns each into a :class:`Pass`. "Modified" is honest: when a pass does not
+:func:`pass_of` turns each into a :class:`Pass` (:func:`fxpass.as_pass` also looks up
+registered names). "Modified" is honest: when a pass does not
 say whether it changed the graph (it returns ``None`` or a module), the pipeline compares a
 cheap structural fingerprint taken before and after it; when it says False but did change
 the graph, the pipeline counts it as changed and notes the discrepancy in the report.
@@ -19,22 +20,22 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
 
+from .run import PassGroup, PassResult
+
 __all__ = [
     "METADATA",
     "FunctionPass",
-    "Hooks",
     "ObjectPass",
     "Pass",
     "PassResult",
-    "as_pass",
-    "hooks",
+    "is_lowering",
     "metadata_keys",
+    "pass_of",
 ]
 
 #: The node metadata a pass can promise to keep valid (its ``keeps`` declaration), checked
@@ -64,58 +65,6 @@ def metadata_keys(keys: Any, who: str = "a pass") -> frozenset[str]:
             f"keeps= takes names from {', '.join(METADATA)} (or 'all')"
         )
     return out
-
-
-class PassResult(_TorchPassResult):
-    """The result of running a pass: ``graph_module``, ``modified``, ``stats`` (and ``report``).
-
-    It is a subclass of torch's ``PassResult`` named tuple, so code that unpacks
-    ``gm, modified = result`` or checks ``isinstance(result, torch...PassResult)`` still works.
-    """
-
-    def __new__(
-        cls,
-        graph_module: fx.GraphModule,
-        modified: bool,
-        stats: Mapping[str, float] | None = None,
-        report: Any = None,
-    ) -> PassResult:
-        self = super().__new__(cls, graph_module, bool(modified))
-        self.stats = dict(stats or {})
-        self.report = report
-        return self
-
-    def __repr__(self) -> str:
-        name = type(self.graph_module).__name__
-        return f"PassResult(graph_module=<{name}>, modified={self.modified}, stats={self.stats})"
-
-
-@dataclass
-class Hooks:
-    """What the layers above the contract plug in when they are imported, so that the
-    contract depends on none of them (``fxpass.core`` imports them all):
-
-    * ``run_alone(pass, gm, sample_inputs, **kw)`` runs a pass as a one-pass pipeline
-      (installed by :mod:`fxpass.core.pipeline`; ``pass(gm)`` calls it);
-    * ``by_name(name)`` makes the registered pass ``name`` (installed by
-      :mod:`fxpass.core.spec`; :func:`as_pass` calls it for strings);
-    * ``parse(spec, registry)`` builds a pipeline from spec text (installed by
-      :mod:`fxpass.core.spec`; ``Pipeline.parse`` calls it);
-    * ``enabled(name)`` says whether a pass may run; a run copies it into its context
-      (installed by :mod:`fxpass.core.registry`: its ``enable``/``disable``);
-    * ``requirements(pipeline)`` raises when a pass needs another before or after it that
-      the pipeline does not run there (installed by :mod:`fxpass.core.requirements`).
-    """
-
-    run_alone: Callable[..., PassResult] | None = None
-    by_name: Callable[[str], Pass] | None = None
-    parse: Callable[[str, Any], Any] | None = None
-    enabled: Callable[[str], bool] = lambda name: True
-    requirements: Callable[[Any], None] = lambda pipeline: None
-
-
-#: The one set of hooks (see :class:`Hooks`).
-hooks = Hooks()
 
 
 def _snake(name: str) -> str:
@@ -186,10 +135,9 @@ class Pass:
         return result
 
     def __call__(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
-        """Run the pass on ``gm`` as a one-pass pipeline (keywords as for ``Pipeline.run``)."""
-        if hooks.run_alone is None:  # pragma: no cover - fxpass.core imports the pipeline
-            raise RuntimeError("import fxpass before calling a pass")
-        return hooks.run_alone(self, gm, sample_inputs, **kw)
+        """Run the pass on ``gm`` as a one-pass run (keywords as for ``Pipeline.run``); what
+        it needs before or after it may have run earlier, so that is not checked."""
+        return PassGroup([self], name=self.name).run(gm, sample_inputs, **kw)
 
     def __str__(self) -> str:
         return self.spec
@@ -213,7 +161,7 @@ def _import_path(fn: Callable) -> str | None:
     return f"{module}:{qualname}"
 
 
-def _is_lowering(fn: Callable) -> bool:
+def is_lowering(fn: Callable) -> bool:
     """A function taking ``(gm, sample_inputs)``: two positional parameters with no defaults."""
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -241,7 +189,7 @@ class FunctionPass(Pass):
     ) -> None:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
-        self.lowering = _is_lowering(fn) if lowering is None else lowering
+        self.lowering = is_lowering(fn) if lowering is None else lowering
         self.options = dict(options or {})
         if needs_code is not None:
             self.needs_code = needs_code
@@ -291,14 +239,13 @@ class ObjectPass(Pass):
         return result
 
 
-def as_pass(obj: Any) -> Pass:
-    """Turn anything the contract accepts into a :class:`Pass` (names look up the registry)."""
+def pass_of(obj: Any) -> Pass:
+    """Turn a pass object, class or function into a :class:`Pass` (a registered name is
+    looked up by :func:`fxpass.as_pass`, which calls this for everything else)."""
     if isinstance(obj, Pass):
         return obj
     if isinstance(obj, str):
-        if hooks.by_name is None:  # pragma: no cover - fxpass.core imports the spec reader
-            raise RuntimeError(f"import fxpass before naming pass '{obj}'")
-        return hooks.by_name(obj)
+        raise TypeError(f"'{obj}' is a pass name: look it up with fxpass.as_pass('{obj}')")
     if isinstance(obj, type):
         if issubclass(obj, Pass):
             return obj()

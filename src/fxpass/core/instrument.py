@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.tree import Tree
 from torch import fx
 
-if TYPE_CHECKING:
-    from .context import ChangeEvent, PassContext
-    from .report import PassRecord, Report
+from .context import ChangeEvent, PassContext
+from .report import PassRecord, Report
 
 __all__ = ["Instrumentation", "PrintIR", "Statistics", "Timing", "graph_text"]
 

@@ -31,72 +31,37 @@ What a run guarantees:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from torch import fx
 
-from ..fxutil.messages import first_line
-from .checks import Check, after_leaf, run_checks, watch
-from .context import DebugCounter, PassContext, _activate, current_context, scoped
-from .contract import Pass, PassResult, as_pass, hooks
-from .errors import (
-    ConstraintCycleError,
-    NonConvergenceError,
-    PassFailedError,
-)
+from .checks import Check
+from .context import current_context
+from .contract import Pass
+from .errors import ConstraintCycleError, NonConvergenceError, PassFailedError
 from .instrument import Instrumentation
 from .options import Option, Range
 from .order import topological_order
-from .ranges import range_skip
-from .recompile import DeferredRecompile
-from .report import PassRecord, Report
-from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
+from .registry import REGISTRY, Registry, as_pass
+from .report import PassRecord
+from .requirements import check_requirements
+from .run import DEFAULT_POLICY, PassGroup, PassResult, RunPolicy, instrumented, run_pass
+from .spec import build_pipeline
 
-__all__ = ["Fixpoint", "Pipeline", "RunPolicy", "fixpoint", "instrumented"]
-
-_GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = contextvars.ContextVar(
-    "fxpass_instruments", default=()
-)
-
-
-@contextlib.contextmanager
-def instrumented(*instruments: Instrumentation) -> Iterator[None]:
-    """Attach instrumentation to every pipeline run inside the block (backends, the CLI).
-
-    >>> with fxpass.instrumented(fxpass.PrintIR(after_change=True)):   # doctest: +SKIP
-    ...     torch.compile(model, backend="fxpass")(x)
-    """
-    with scoped(_GLOBAL_INSTRUMENTS, (*_GLOBAL_INSTRUMENTS.get(), *instruments)):
-        yield
+__all__ = [
+    "Fixpoint",
+    "Pipeline",
+    "RunPolicy",
+    "fixpoint",
+    "instrumented",
+    "register_pipelines",
+    "resolve_pipeline",
+]
 
 
-@dataclass(frozen=True)
-class RunPolicy:
-    """How a pipeline applies its checks and its round limit. fxpass's own runs use the
-    defaults; a compatibility layer passes its own (torch's and ExecuTorch's pass managers
-    check after unchanged passes too, and treat their round limit as a cap).
-
-    ``check_input``: run the checks on the input before the first pass;
-    ``check_unchanged``: run them after passes that changed nothing too;
-    ``warn_at_limit``: note and warn when a fixpoint stops at ``max_iterations`` while
-    still changing the graph.
-    """
-
-    check_input: bool = True
-    check_unchanged: bool = False
-    warn_at_limit: bool = True
-
-
-_DEFAULT_POLICY = RunPolicy()
-
-
-class Pipeline(Pass):
+class Pipeline(PassGroup, Pass):
     """An ordered list of passes that is itself a pass.
 
     Args:
@@ -117,8 +82,6 @@ class Pipeline(Pass):
     """
 
     name = "pipeline"
-    #: a pass called on its own (``pass(gm)``): what it needs may have run earlier
-    _alone = False
 
     def __init__(
         self,
@@ -131,7 +94,7 @@ class Pipeline(Pass):
         run_checks_after_each_pass: bool = True,
         suppress_check_failures: bool = False,
         instrument: Iterable[Instrumentation] = (),
-        policy: RunPolicy = _DEFAULT_POLICY,
+        policy: RunPolicy = DEFAULT_POLICY,
         verify_analyses: bool | None = None,
     ) -> None:
         if isinstance(passes, str):  # iterating it would look up a pass per character
@@ -139,18 +102,19 @@ class Pipeline(Pass):
                 f"Pipeline({passes!r}) takes a list of passes; for a textual spec use "
                 f"Pipeline.parse({passes!r})"
             )
-        self._passes: list[Pass] = [as_pass(p) for p in passes]
-        self.policy = policy
-        self.verify_analyses = verify_analyses
-        if name:
-            self.name = name
+        super().__init__(
+            [as_pass(p) for p in passes],
+            name=name,
+            checks=checks,
+            lint=lint,
+            run_checks_after_each_pass=run_checks_after_each_pass,
+            suppress_check_failures=suppress_check_failures,
+            instrument=instrument,
+            policy=policy,
+            verify_analyses=verify_analyses,
+        )
         self._constraints: list[Any] = []
         self._ordered: list[Pass] | None = None
-        self.checks: list[Check] = list(checks)
-        self.lint = lint
-        self.run_checks_after_each_pass = run_checks_after_each_pass
-        self.suppress_check_failures = suppress_check_failures
-        self.instrument: list[Instrumentation] = list(instrument)
         for c in constraints:
             self.add_constraint(c)
 
@@ -162,11 +126,6 @@ class Pipeline(Pass):
         return self
 
     add_pass = add
-
-    def add_checks(self, *checks: Check) -> Pipeline:
-        """Run ``checks`` after every pass that changes the graph (ExecuTorch's add_checks)."""
-        self.checks.extend(checks)
-        return self
 
     def add_constraint(self, constraint: Any) -> Pipeline:
         """Add a ``(before, after)`` pair or a torch-style ``constraint(a, b) -> bool``."""
@@ -192,6 +151,10 @@ class Pipeline(Pass):
         if self._ordered is None:
             self._ordered = self._solve()
         return list(self._ordered)
+
+    def set_passes(self, passes: Iterable[Any]) -> None:
+        super().set_passes(as_pass(p) for p in passes)
+        self._ordered = None
 
     def _matches(self, key: Any, p: Pass) -> bool:
         if isinstance(key, str):
@@ -229,140 +192,26 @@ class Pipeline(Pass):
         """Build a pipeline from text, e.g. ``"remove_assert_ops,fixpoint(cse,dce)"``;
         ``insert_required`` inserts the passes the spec's passes need but it lacks (see
         :mod:`fxpass.core.requirements`)."""
-        if hooks.parse is None:  # pragma: no cover - fxpass.core imports the spec reader
-            raise RuntimeError("import fxpass before parsing a pipeline spec")
-        return hooks.parse(spec, registry, insert_required=insert_required)
-
-    @property
-    def body_spec(self) -> str:
-        """The passes as a spec, without this pipeline's own name around them."""
-        return ",".join(p.spec for p in self.passes)
-
-    @property
-    def head(self) -> str:
-        """How the pipeline is written around its nested passes: ``pipeline``, ``fixpoint{...}``."""
-        return "pipeline"
+        return build_pipeline(spec, registry, make=cls, insert_required=insert_required)
 
     @property
     def spec(self) -> str:
         return self.written_as or f"{self.head}({self.body_spec})"
 
-    def __str__(self) -> str:
-        return self.written_as or self.body_spec
-
     def __repr__(self) -> str:
         return f"Pipeline({str(self)!r})"
 
-    def __len__(self) -> int:
-        return len(self._passes)
-
-    def __iter__(self) -> Iterator[Pass]:
-        return iter(self.passes)
-
-    # ----- running ----------------------------------------------------------------------
-    def __call__(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
-        return self.run(gm, sample_inputs, **kw)
-
-    def run(
-        self,
-        gm: fx.GraphModule,
-        sample_inputs: Sequence[Any] | None = None,
-        *,
-        instrument: Iterable[Instrumentation] = (),
-        debug_counter: DebugCounter | None = None,
-    ) -> PassResult:
+    def run(self, gm: fx.GraphModule, sample_inputs: Any = None, **kw: Any) -> PassResult:
         """Run the pipeline on ``gm``; returns a :class:`PassResult` with a ``report``.
 
         ``sample_inputs`` reach lowering passes ``(gm, sample_inputs)``; ``debug_counter``
-        limits how many rewrites the run may make (see :class:`~fxpass.DebugCounter`).
+        limits how many rewrites the run may make (see :class:`~fxpass.DebugCounter`);
+        ``instrument`` adds instrumentation to this run. A pipeline that breaks what its
+        passes need before or after them is refused before it runs.
         """
-        if not isinstance(gm, fx.GraphModule):
-            raise TypeError(
-                f"Pipeline.run expects a torch.fx.GraphModule, got {type(gm).__name__}; "
-                "capture the model first (torch.export.export, torch.fx.symbolic_trace), "
-                "or use fxpass.apply, which also takes an ExportedProgram"
-            )
-        outer = current_context()
-        if outer is not None:  # called from inside a pass of another run: join it
-            new_gm, modified = self._run_nested(gm, outer, None)
-            return PassResult(new_gm, modified)
-        if not self._alone:
-            hooks.requirements(self)  # passes that need others before or after them
-        instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
-        ctx = PassContext(
-            sample_inputs=sample_inputs,
-            instruments=instruments,
-            debug_counter=debug_counter,
-            enabled=hooks.enabled,
-        )
-        if self.verify_analyses is not None:
-            ctx.analyses.verify = self.verify_analyses
-        state = ctx._run
-        state.recompiler = DeferredRecompile()
-        root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
-        report = Report(root=root, suppressed=state.suppressed)
-        snapshot = GraphSnapshot.take(gm)
-        state.recompiler.install(gm)
-        new_gm = gm
-        t0 = time.perf_counter()
-        try:
-            with _activate(ctx):
-                for inst in instruments:
-                    inst.before_pipeline(self, gm, ctx)
-                if self.policy.check_input:
-                    run_checks([self], gm, ctx, "(input)")
-                new_gm, modified = self._run_nested(gm, ctx, root)
-        except PassFailedError as err:
-            state.recompiler.finish(recompile=False)
-            edited = snapshot.restore()
-            root.seconds = time.perf_counter() - t0
-            root.status = "failed"
-            root.nodes_after = len(gm.graph.nodes)
-            report.error = first_line(err)
-            if edited:
-                err.args = (
-                    f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
-                    f"{', '.join(edited)}",
-                )
-            ctx.error = err
-            err.report = report
-            with _activate(ctx):
-                for inst in instruments:
-                    inst.after_pipeline(self, gm, report, ctx)
-            raise
-        except BaseException:
-            state.recompiler.finish(recompile=False)
-            snapshot.restore()
-            raise
-        state.recompiler.finish()
-        root.seconds = time.perf_counter() - t0
-        root.modified = modified
-        root.runs = 1
-        root.nodes_after = len(new_gm.graph.nodes)
-        with _activate(ctx):
-            for inst in instruments:
-                inst.after_pipeline(self, new_gm, report, ctx)
-        stats = report.stats()
-        return PassResult(new_gm, modified, stats, report=report)
-
-    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
-        new_gm, modified = self._run_nested(gm, ctx, ctx.record)
-        return PassResult(new_gm, modified)
-
-    def _run_nested(self, gm, ctx, record: PassRecord | None) -> tuple[fx.GraphModule, bool]:
-        checks = ctx._run.checks
-        checks.append(self)
-        try:
-            return self._run_body(gm, ctx, record)
-        finally:
-            checks.pop()
-
-    def _run_body(self, gm, ctx, record):
-        modified = False
-        for p in self.passes:
-            gm, changed = _run_pass(p, gm, ctx, record)
-            modified |= changed
-        return gm, modified
+        if isinstance(gm, fx.GraphModule) and current_context() is None:
+            check_requirements(self)
+        return super().run(gm, sample_inputs, **kw)
 
 
 #: A fixpoint's round limit: at least one round (the bound specs are checked against).
@@ -417,7 +266,7 @@ class Fixpoint(Pipeline):
         for iteration in range(1, self.max_iterations + 1):
             round_changed = False
             for i, p in enumerate(passes):
-                gm, changed, records[i] = _run_pass(p, gm, ctx, record, records[i], keep=True)
+                gm, changed, records[i] = run_pass(p, gm, ctx, record, records[i], keep=True)
                 round_changed |= changed
             modified |= round_changed
             if record is not None:
@@ -445,97 +294,6 @@ def fixpoint(*passes: Any, max_iterations: int = 10, strict: bool = False) -> Fi
     return Fixpoint(passes, max_iterations=max_iterations, strict=strict)
 
 
-def _interpret(p: Pass, ret: Any, gm: fx.GraphModule, record: PassRecord):
-    """(module after the pass, what the pass claimed about modification or None)."""
-    if isinstance(ret, tuple) and hasattr(ret, "graph_module"):  # torch or fxpass PassResult
-        for key, value in getattr(ret, "stats", {}).items():
-            record.stats[key] = record.stats.get(key, 0) + value
-        return ret.graph_module, bool(ret.modified)
-    if isinstance(ret, bool):
-        return gm, ret
-    if ret is None:
-        return gm, None
-    if isinstance(ret, fx.GraphModule):
-        return ret, None
-    raise TypeError(
-        f"pass '{p.name}' returned {type(ret).__name__}; a pass returns a bool, None, "
-        "a PassResult or a GraphModule"
-    )
-
-
-def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=False):
-    """Run one pass inside a run; returns (module, modified) or, with keep, also the record."""
-    fresh = record is None
-    if fresh:
-        record = PassRecord(name=p.name, spec=p.spec, nodes_before=len(gm.graph.nodes))
-        if parent is not None:
-            parent.children.append(record)
-    skipped = "disabled in the registry" if not ctx.enabled(p.name) else range_skip(p)
-    if skipped is not None:
-        record.status = "skipped"
-        record.notes = [skipped]
-        record.nodes_after = record.nodes_before
-        return (gm, False, record) if keep else (gm, False)
-    state = ctx._run
-    leaf = not isinstance(p, Pipeline)
-    before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
-    watched = watch(p, gm, ctx) if leaf else ()
-    state.records.append(record)
-    ctx.pass_path.append(p.name)
-    for inst in ctx.instruments:
-        inst.before_pass(record, gm, ctx)
-    if p.needs_code:
-        state.recompiler.ensure_code(gm)
-    frame = ctx.analyses.enter(p.name, p.preserves, record)
-    t0 = time.perf_counter()
-    try:
-        ret = p.execute(gm, ctx)
-        new_gm, claimed = _interpret(p, ret, gm, record)
-    except PassFailedError as e:
-        record.seconds += time.perf_counter() - t0
-        record.status = "failed"
-        record.error = record.error or first_line(e)
-        raise
-    except Exception as e:
-        record.seconds += time.perf_counter() - t0
-        record.status = "failed"
-        record.error = f"{type(e).__name__}: {e}"
-        for inst in ctx.instruments:
-            inst.on_failure(record, gm, e, ctx)
-        raise PassFailedError(p.name, state.ran, e) from e
-    finally:
-        state.records.pop()
-        ctx.pass_path.pop()
-        ctx.analyses.leave(frame, gm, gm, False, leaf=leaf)  # a failed run drops the lot
-    record.seconds += time.perf_counter() - t0
-    record.runs += 1
-    if new_gm is not gm:
-        state.recompiler.install(new_gm)
-        changed = True
-        after = fingerprint(new_gm)
-    else:
-        after = fingerprint(gm)
-        structural = not same_fingerprint(before, after)
-        changed = structural if claimed is None else (claimed or structural)
-        if claimed is False and structural:
-            note = "said it did not change the graph, but it did"
-            if note not in record.notes:
-                record.notes.append(note)
-    state.fp = (new_gm, after)
-    ctx.analyses.leave(frame, gm, new_gm, changed, leaf=leaf)
-    ctx.changed = changed
-    record.modified |= changed
-    record.nodes_after = len(new_gm.graph.nodes)
-    for inst in ctx.instruments:
-        inst.after_pass(record, new_gm, ctx)
-    if changed:
-        state.recompiler.mark_stale(new_gm)
-        state.invariants.extend(c for c in p.invariants if c not in state.invariants)
-    if leaf:
-        after_leaf(p, new_gm, ctx, record, changed, watched, frame)
-    return (new_gm, changed, record) if keep else (new_gm, changed)
-
-
 def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
     """One cycle among ``left``: each of them still has a predecessor in ``left``."""
     pred: dict[int, int] = {}
@@ -553,11 +311,42 @@ def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
     return cycle[first:] + cycle[:first]
 
 
-def _run_alone(p: Pass, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
-    """``p(gm)``: the pass as a one-pass pipeline (honest "modified", rollback, one recompile)."""
-    pipe = Pipeline([p], name=p.name)
-    pipe._alone = True
-    return pipe.run(gm, sample_inputs, **kw)
+def resolve_pipeline(pipeline: Any = None) -> Pipeline:
+    """Turn what :func:`fxpass.apply` and the targets accept into a :class:`~fxpass.Pipeline`.
+
+    None is the registered ``default`` pipeline as it stands now; a string is a spec; a
+    list is a pipeline of those passes; a single pass runs alone.
+    """
+    if pipeline is None:
+        made = REGISTRY.create("default")
+        return made if isinstance(made, Pipeline) else Pipeline([made], name="default")
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if isinstance(pipeline, str):
+        return Pipeline.parse(pipeline)
+    if isinstance(pipeline, (list, tuple)):
+        return Pipeline(pipeline)
+    p = as_pass(pipeline)
+    return p if isinstance(p, Pipeline) else Pipeline([p], name=p.name)
 
 
-hooks.run_alone = _run_alone
+def register_pipelines(reg: Registry) -> None:
+    """Register the passes that nest passes in ``reg``: ``fixpoint(...)``, ``pipeline(...)``
+    and ``default`` (the ``default`` pass list as a pipeline). fxpass's registry has them; a
+    registry made apart (``Registry(entry_points=False)``) gets them from this call."""
+
+    def pipeline(passes: list) -> Pipeline:
+        """A nested pipeline (groups passes, e.g. for constraints or reporting)."""
+        return Pipeline(passes)
+
+    def default() -> Pipeline:
+        """The default pipeline: the passes in the 'default' pass list."""
+        return Pipeline([reg.create(n) for n in reg.pass_list("default")], name="default")
+
+    # Fixpoint declares its options (and their bounds); each factory makes the pipeline itself
+    reg.register_factory(Fixpoint, takes_pipeline=True)
+    reg.register_factory(pipeline, takes_pipeline=True)
+    reg.register_factory(default)
+
+
+register_pipelines(REGISTRY)

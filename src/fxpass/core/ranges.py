@@ -27,17 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import Pass, as_pass
-
 __all__ = [
     "SizeRange",
-    "applies_to",
     "compile_range",
     "current_range",
     "declared_ranges",
@@ -202,33 +198,6 @@ def declared_ranges(p: Any) -> Ranges | None:
         if value:
             return to_ranges(value)
     return None
-
-
-def applies_to(p: Any, ranges: Mapping[str, Any] | str | None = None, **sizes: Any) -> Pass:
-    """A copy of the pass ``p`` (anything :func:`fxpass.as_pass` takes) limited to ``ranges``:
-    ``applies_to(fuse_x, tokens=(1, 512))``. It prints as ``fuse_x{applies_to=tokens:1..512}``.
-    """
-    given = dict(to_ranges(ranges)) if ranges is not None else {}
-    given.update(to_ranges(sizes) if sizes else {})
-    if not given:
-        raise ValueError("applies_to needs at least one size range, e.g. tokens=(1, 512)")
-    base = as_pass(p)
-    new = copy.copy(base)
-    new.applies_to = given
-    new.written_as = _with_option(base.spec, f"applies_to={format_ranges(given)}")
-    return new
-
-
-_OLD_OPTION = re.compile(r"\s*applies_to=(\[[^\]]*\]|[^\s},]+)")
-
-
-def _with_option(text: str, option: str) -> str:
-    """``name(...)`` -> ``name{option}(...)``; an ``applies_to`` written before is replaced."""
-    head, paren, rest = text.partition("(")
-    head = _OLD_OPTION.sub("", head).replace("{}", "")
-    if head.endswith("}"):
-        return f"{head[:-1]} {option}}}{paren}{rest}"
-    return f"{head}{{{option}}}{paren}{rest}"
 
 
 # ----- the compile range of a run -----------------------------------------------------------

@@ -19,6 +19,7 @@ and :meth:`PassList.dump`, :meth:`PassList.remove`, :meth:`PassList.apply` do th
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import re
@@ -31,14 +32,23 @@ from typing import Any
 from torch import fx
 
 from .analysis_manager import preserved_names
-from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks, metadata_keys
+from .contract import FunctionPass, Pass, is_lowering, metadata_keys, pass_of
 from .errors import OptionError, UnknownPassError
 from .imports import resolve_import
 from .options import Option, _Mismatch, bind_options, format_value, options_of, unknown_option
-from .pipeline import Fixpoint, Pipeline
-from .ranges import to_ranges
+from .ranges import format_ranges, to_ranges
+from .run import DISABLED, PassResult
 
-__all__ = ["REGISTRY", "PassInfo", "PassList", "Registry", "resolve_import"]
+__all__ = [
+    "REGISTRY",
+    "PassInfo",
+    "PassList",
+    "Registry",
+    "applies_to",
+    "as_pass",
+    "register",
+    "resolve_import",
+]
 
 ENTRY_POINT_GROUP = "fxpass.passes"
 
@@ -174,8 +184,15 @@ class PassList:
         return name in self._names
 
     def pipeline(self) -> Any:
-        """A :class:`~fxpass.Pipeline` of the list's passes, as it stands now."""
-        pipe = Pipeline([self.registry.create(n) for n in self._names], name=self.name)
+        """A :class:`~fxpass.Pipeline` of the list's passes, as it stands now (made by the
+        registry's ``pipeline`` pass)."""
+        if "pipeline" not in self.registry._infos:
+            raise LookupError(
+                f"pass list '{self.name}' cannot make a pipeline: its registry has no 'pipeline' "
+                "pass; register it with fxpass.core.pipeline.register_pipelines(registry)"
+            )
+        pipe = self.registry.create("pipeline", [self.registry.create(n) for n in self._names])
+        pipe.name, pipe.written_as = self.name, None
         return pipe
 
     def apply(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None) -> PassResult:
@@ -211,9 +228,11 @@ def _declarations(applies_to: Any, needs: Sequence[str], followed_by: Sequence[s
 class Registry:
     """Names -> pass factories. :data:`REGISTRY` is the one fxpass uses."""
 
-    def __init__(self, *, entry_points: bool = True) -> None:
+    def __init__(self, *, entry_points: bool = True, disabled: set[str] | None = None) -> None:
+        """``entry_points``: load plug-ins on first lookup; ``disabled``: the set of names
+        :meth:`disable` adds to (fxpass's registry shares the one every run skips)."""
         self._infos: dict[str, PassInfo] = {}
-        self._disabled: set[str] = set()
+        self._disabled: set[str] = set() if disabled is None else disabled
         self._lists: dict[str, PassList] = {}
         self._load_entry_points = entry_points
         self._plugins_loaded = not entry_points
@@ -248,7 +267,8 @@ class Registry:
         :mod:`fxpass.core.ranges`); ``needs`` and ``followed_by`` name passes that must run
         before and after it (see :mod:`fxpass.core.requirements`); ``preserves`` the analyses
         it keeps valid (see :mod:`fxpass.core.analysis_manager`); ``keeps`` the node metadata
-        it keeps valid (see :data:`fxpass.core.contract.METADATA`).
+        it keeps valid (see :data:`fxpass.core.contract.METADATA`); ``origin`` where it comes
+        from (``fxpass list`` shows it; see :func:`register`).
         Registering a taken name is an error unless ``replace``.
         """
         declared = _declarations(applies_to, needs, followed_by)
@@ -302,7 +322,7 @@ class Registry:
             options = {}
         elif callable(obj):
             pname = name or obj.__name__
-            lowering = _is_lowering(obj)
+            lowering = is_lowering(obj)
             options = options_of(obj, skip=2 if lowering else 1)
             needs_code = getattr(obj, "needs_code", None)
 
@@ -323,6 +343,16 @@ class Registry:
             statistics=dict(getattr(obj, "statistics", {}) or {}),
             target=obj,
         )
+
+    def register_factory(
+        self, factory: Callable[..., Pass], *, takes_pipeline: bool = False, origin: str = "fxpass"
+    ) -> None:
+        """Register ``factory`` (a function or :class:`Pass` class that makes the pass, e.g. a
+        pipeline) under its own name; its options come from its signature, after the list
+        of nested passes when ``takes_pipeline``."""
+        info = self._info_for(factory, None, takes_pipeline, origin)
+        info.factory = factory
+        self._infos[info.name] = info
 
     def unregister(self, name: str) -> PassInfo:
         """Forget a registered pass (and drop it from every pass list)."""
@@ -418,29 +448,7 @@ class Registry:
         return "\n".join(lines)
 
 
-REGISTRY = Registry()
-
-
-def _register_builtins(reg: Registry) -> None:
-    def pipeline(passes: list) -> Pipeline:
-        """A nested pipeline (groups passes, e.g. for constraints or reporting)."""
-        return Pipeline(passes)
-
-    def default() -> Pipeline:
-        """The default pipeline: the passes in the 'default' pass list."""
-        return reg.pass_list("default").pipeline()
-
-    for fn in (Fixpoint, pipeline):  # Fixpoint declares its options (and their bounds)
-        info = reg._info_for(fn, None, True, "fxpass")
-        info.factory = fn
-        reg._infos[info.name] = info
-    info = reg._info_for(default, None, False, "fxpass")
-    info.factory = default
-    reg._infos["default"] = info
-
-
-_register_builtins(REGISTRY)
-hooks.enabled = REGISTRY.is_enabled
+REGISTRY = Registry(disabled=DISABLED)
 
 
 def register(
@@ -455,6 +463,7 @@ def register(
     followed_by: Sequence[str] = (),
     preserves: Sequence[Any] | None = None,
     keeps: Sequence[str] | str | None = None,
+    origin: str = "user",
 ) -> Any:
     """Register a pass in fxpass's registry (see :meth:`Registry.register`).
 
@@ -465,6 +474,11 @@ def register(
     ``followed_by=["dce"]`` are passes that must run before and after it;
     ``preserves=[positions]`` the analyses it keeps valid; ``keeps=("val", "stack_trace")``
     the node metadata it keeps valid.
+
+    ``origin`` says where the pass comes from (``fxpass list`` shows it): ``"user"`` for a
+    pass a program registers as it runs; a library whose import registers its passes names
+    itself (fxpass's own passes say ``origin="fxpass"``), and a crash reproducer then names
+    such a pass by its registered name instead of its import path.
     """
     return REGISTRY.register(
         name,
@@ -477,25 +491,40 @@ def register(
         followed_by=followed_by,
         preserves=preserves,
         keeps=keeps,
+        origin=origin,
     )
 
 
-def _builtin(
-    name: str,
-    *,
-    index: int | None = None,
-    pass_list: str | None = None,
-    statistics: Mapping[str, str] | None = None,
-    preserves: Sequence[Any] | None = None,
-    keeps: Sequence[str] | str | None = None,
-):
-    """Register one of fxpass's own passes (as :func:`register`)."""
-    return REGISTRY.register(
-        name,
-        index=index,
-        pass_list=pass_list,
-        origin="fxpass",
-        statistics=statistics,
-        preserves=preserves,
-        keeps=keeps,
-    )
+def as_pass(obj: Any) -> Pass:
+    """Turn anything a pipeline accepts into a :class:`~fxpass.Pass`: a registered name
+    makes that pass, anything else is wrapped by :func:`fxpass.core.contract.pass_of`."""
+    if isinstance(obj, str):
+        return REGISTRY.create(obj)
+    return pass_of(obj)
+
+
+def applies_to(p: Any, ranges: Mapping[str, Any] | str | None = None, **sizes: Any) -> Pass:
+    """A copy of the pass ``p`` (anything :func:`as_pass` takes) limited to ``ranges``:
+    ``applies_to(fuse_x, tokens=(1, 512))``. It prints as ``fuse_x{applies_to=tokens:1..512}``.
+    """
+    given = dict(to_ranges(ranges)) if ranges is not None else {}
+    given.update(to_ranges(sizes) if sizes else {})
+    if not given:
+        raise ValueError("applies_to needs at least one size range, e.g. tokens=(1, 512)")
+    base = as_pass(p)
+    new = copy.copy(base)
+    new.applies_to = given
+    new.written_as = _with_option(base.spec, f"applies_to={format_ranges(given)}")
+    return new
+
+
+_OLD_OPTION = re.compile(r"\s*applies_to=(\[[^\]]*\]|[^\s},]+)")
+
+
+def _with_option(text: str, option: str) -> str:
+    """``name(...)`` -> ``name{option}(...)``; an ``applies_to`` written before is replaced."""
+    head, paren, rest = text.partition("(")
+    head = _OLD_OPTION.sub("", head).replace("{}", "")
+    if head.endswith("}"):
+        return f"{head[:-1]} {option}}}{paren}{rest}"
+    return f"{head}{{{option}}}{paren}{rest}"

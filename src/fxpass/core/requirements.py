@@ -27,9 +27,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import Pass, as_pass, hooks
+from .contract import Pass
 from .errors import SpecError
-from .pipeline import Pipeline
+from .registry import as_pass
+from .run import PassGroup
 
 __all__ = [
     "RequirementError",
@@ -91,19 +92,19 @@ def declared_followers(p: Any) -> tuple[str, ...]:
 @dataclass
 class _Entry:
     p: Pass
-    parent: Pipeline | None
+    parent: PassGroup | None
     start: int  # position in the run order
     end: int  # the position after its last nested pass
 
 
-def _flatten(pipeline: Pipeline) -> list[_Entry]:
+def _flatten(pipeline: PassGroup) -> list[_Entry]:
     out: list[_Entry] = []
 
-    def walk(pipe: Pipeline) -> None:
+    def walk(pipe: PassGroup) -> None:
         for p in pipe.passes:
             entry = _Entry(p, pipe, len(out), 0)
             out.append(entry)
-            if isinstance(p, Pipeline):
+            if isinstance(p, PassGroup):
                 walk(p)
             entry.end = len(out)
 
@@ -119,7 +120,7 @@ class _Violation:
     where: str
 
 
-def _violations(pipeline: Pipeline) -> Iterator[_Violation]:
+def _violations(pipeline: PassGroup) -> Iterator[_Violation]:
     entries = _flatten(pipeline)
     for e in entries:
         for name in declared_needs(e.p):
@@ -143,7 +144,7 @@ def _violations(pipeline: Pipeline) -> Iterator[_Violation]:
 
 
 def check_requirements(
-    pipeline: Pipeline, *, spec: str | None = None, columns: Mapping[int, int] | None = None
+    pipeline: PassGroup, *, spec: str | None = None, columns: Mapping[int, int] | None = None
 ) -> None:
     """Raise :class:`RequirementError` for the first requirement ``pipeline`` breaks.
 
@@ -155,16 +156,16 @@ def check_requirements(
         raise RequirementError(v.entry.p.name, v.required, v.kind, v.where, text, where or 1)
 
 
-def _printed_columns(pipeline: Pipeline) -> dict[int, int]:
+def _printed_columns(pipeline: PassGroup) -> dict[int, int]:
     """Where each pass starts in ``str(pipeline)`` (nested passes inside a pipeline that is
     written as a reference point at that reference)."""
     out: dict[int, int] = {}
 
-    def walk(pipe: Pipeline, offset: int, own: int | None) -> None:
+    def walk(pipe: PassGroup, offset: int, own: int | None) -> None:
         written = pipe.written_as is not None
         for p in pipe.passes:
             out[id(p)] = own if written and own is not None else offset + 1
-            if isinstance(p, Pipeline):
+            if isinstance(p, PassGroup):
                 inner = offset + len(p.head) + 1 if p.written_as is None else offset
                 walk(p, inner, out[id(p)] if p.written_as is not None else None)
             if not written:
@@ -175,7 +176,7 @@ def _printed_columns(pipeline: Pipeline) -> dict[int, int]:
     return out
 
 
-def with_required(pipeline: Pipeline, *, limit: int = 64) -> Pipeline:
+def with_required(pipeline: PassGroup, *, limit: int = 64) -> PassGroup:
     """A copy of ``pipeline`` with every missing required pass inserted: right before the
     pass that needs it, right after the pass it must follow."""
     result = _copy_tree(pipeline)
@@ -189,19 +190,16 @@ def with_required(pipeline: Pipeline, *, limit: int = 64) -> Pipeline:
             check_requirements(result)
         seen.add(key)
         parent = v.entry.parent
-        at = next(i for i, q in enumerate(parent._passes) if q is v.entry.p)
-        parent._passes.insert(at if v.kind == "needs" else at + 1, as_pass(v.required))
-        parent._ordered = None
+        passes = list(parent._passes)
+        at = next(i for i, q in enumerate(passes) if q is v.entry.p)
+        passes.insert(at if v.kind == "needs" else at + 1, as_pass(v.required))
+        parent.set_passes(passes)
         parent.written_as = None  # print the passes as they now are
     check_requirements(result)
     return result
 
 
-def _copy_tree(pipeline: Pipeline) -> Pipeline:
+def _copy_tree(pipeline: PassGroup) -> PassGroup:
     new = copy.copy(pipeline)
-    new._passes = [_copy_tree(p) if isinstance(p, Pipeline) else p for p in pipeline._passes]
-    new._ordered = None
+    new.set_passes(_copy_tree(p) if isinstance(p, PassGroup) else p for p in pipeline._passes)
     return new
-
-
-hooks.requirements = check_requirements

@@ -25,19 +25,20 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import Pass, as_pass, hooks
+from .contract import Pass, pass_of
 from .errors import OptionError, SpecError, UnknownPassError
 from .imports import resolve_import
 from .options import _Mismatch
-from .pipeline import Pipeline
 from .ranges import RangeSyntaxError, parse_ranges
 from .registry import REGISTRY, Registry
 from .requirements import check_requirements, with_required
+from .run import PassGroup
 
-__all__ = ["Element", "build_pipeline", "by_name", "parse_spec", "resolve_pipeline"]
+__all__ = ["Element", "build_pipeline", "parse_spec"]
 
 _NAME_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
 _NAME_CHARS = _NAME_START + "0123456789.-:"
@@ -248,7 +249,7 @@ def _reference(el: Element, spec: str, registry: Any) -> Any:
             el.column,
         )
     try:
-        p = as_pass(obj)
+        p = pass_of(obj)
     except TypeError as e:
         raise SpecError(f"'{el.name}': {e}", spec, el.column) from None
     p = copy.copy(p) if p is obj else p  # the module's object stays as it was
@@ -335,9 +336,14 @@ def _column(el: Element, e: _Mismatch) -> int:
 
 
 def build_pipeline(
-    spec: str, registry: Registry | None = None, *, insert_required: bool = False
-) -> Pipeline:
-    """Parse ``spec`` and build the :class:`~fxpass.Pipeline` it describes.
+    spec: str,
+    registry: Registry | None = None,
+    *,
+    make: Callable[[list[Any]], PassGroup],
+    insert_required: bool = False,
+) -> PassGroup:
+    """Parse ``spec`` and build the pipeline it describes: ``make(passes)`` makes it (what
+    :meth:`fxpass.Pipeline.parse` calls, with its own class).
 
     A pass whose requirements the spec breaks (see :mod:`fxpass.core.requirements`) is a
     :class:`~fxpass.core.requirements.RequirementError` at its column; with
@@ -345,36 +351,8 @@ def build_pipeline(
     registry = registry or REGISTRY
     elements = parse_spec(spec)
     columns: dict[int, int] = {}
-    pipe = Pipeline([_build(el, spec, registry, columns) for el in elements])
+    pipe = make([_build(el, spec, registry, columns) for el in elements])
     if insert_required:
         return with_required(pipe)
     check_requirements(pipe, spec=spec, columns=columns)
     return pipe
-
-
-def resolve_pipeline(pipeline: Any = None) -> Pipeline:
-    """Turn what :func:`fxpass.apply` and the targets accept into a :class:`~fxpass.Pipeline`.
-
-    None is the registered ``default`` pipeline as it stands now; a string is a spec; a
-    list is a pipeline of those passes; a single pass runs alone.
-    """
-    if pipeline is None:
-        made = REGISTRY.create("default")
-        return made if isinstance(made, Pipeline) else Pipeline([made], name="default")
-    if isinstance(pipeline, Pipeline):
-        return pipeline
-    if isinstance(pipeline, str):
-        return build_pipeline(pipeline)
-    if isinstance(pipeline, (list, tuple)):
-        return Pipeline(pipeline)
-    p = as_pass(pipeline)
-    return p if isinstance(p, Pipeline) else Pipeline([p], name=p.name)
-
-
-def by_name(name: str) -> Pass:
-    """The pass registered as ``name`` (what :func:`~fxpass.as_pass` does with a string)."""
-    return REGISTRY.create(name)
-
-
-hooks.by_name = by_name
-hooks.parse = build_pipeline

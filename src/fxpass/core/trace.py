@@ -29,15 +29,13 @@ import difflib
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import fx
 
+from .context import PassContext
 from .instrument import Instrumentation, graph_text
-
-if TYPE_CHECKING:
-    from .context import PassContext
-    from .report import PassRecord, Report
+from .report import PassRecord, Report
 
 __all__ = ["StructuredTrace", "artifact", "run_label", "tracing"]
 

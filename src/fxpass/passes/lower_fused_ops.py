@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.context import stat
 from ..core.errors import FxpassError
-from ..core.registry import _builtin
+from ..core.registry import register
 from ..edit.editor import Editor
 from ..ops.portable import decomposition
 
@@ -47,8 +47,9 @@ def _is_fxpass_op(node: fx.Node) -> bool:
     )
 
 
-@_builtin(
+@register(
     "lower_fused_ops",
+    origin="fxpass",
     statistics={"lowered": "fxpass:: op calls replaced by torch's own ops"},
     keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )

@@ -23,7 +23,7 @@ from typing import Literal
 from torch import fx
 
 from ..core.context import ChangeEvent, current_context
-from ..core.registry import _builtin
+from ..core.registry import register
 from ..fxutil.fx import is_exported_graph
 from ..partition.capability import capability_partitions
 from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
@@ -31,8 +31,9 @@ from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
 __all__ = ["partition"]
 
 
-@_builtin(
+@register(
     "partition",
+    origin="fxpass",
     statistics={
         "partitions": "partitions fused into one call each",
         "nodes": "nodes moved into the fused submodules",

@@ -29,7 +29,7 @@ from __future__ import annotations
 from torch import fx
 
 from ..core.context import stat
-from ..core.registry import _builtin
+from ..core.registry import register
 from ..edit.editor import Editor
 from ..edit.memory import Memory
 from ..ops.stream import is_stream_op
@@ -41,8 +41,9 @@ from .schedule import apply_plan
 __all__ = ["multi_stream"]
 
 
-@_builtin(
+@register(
     "multi_stream",
+    origin="fxpass",
     statistics={
         "regions": "independent regions found",
         "regions_split": "regions the cost model put on several streams",

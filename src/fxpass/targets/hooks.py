@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import FxpassError, SpecError
-from ..core.spec import resolve_pipeline
+from ..core.pipeline import resolve_pipeline
 
 __all__ = [
     "ENV",

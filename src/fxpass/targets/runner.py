@@ -22,10 +22,9 @@ from torch import fx
 from ..core.cache import CacheMiss, PipelineCache
 from ..core.context import DebugCounter
 from ..core.contract import PassResult
-from ..core.pipeline import Pipeline
+from ..core.pipeline import Pipeline, resolve_pipeline
 from ..core.ranges import current_range, format_ranges
 from ..core.report import Report
-from ..core.spec import resolve_pipeline
 from ..core.trace import StructuredTrace, run_label, trace_cached, tracing
 
 __all__ = ["Runner", "as_cache", "graph_sample_inputs", "resolve_pipeline"]

@@ -31,7 +31,7 @@ from torch import fx
 from ..core.context import ChangeEvent, DebugCounter, current_context
 from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
-from ..core.spec import resolve_pipeline
+from ..core.pipeline import resolve_pipeline
 from ..fxutil.messages import error_summary
 from .compare import Comparison, run_graph_promoted
 from .inputs import output_names, program_inputs, sample_args

@@ -11,7 +11,7 @@ from torch import fx
 
 from ...core.analyses import aliasing, positions
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
@@ -89,8 +89,9 @@ def _candidate(node: fx.Node) -> bool:
     return not written_args(node) and not node.is_impure()
 
 
-@_builtin(
+@register(
     "cse",
+    origin="fxpass",
     statistics={"merged": "nodes replaced by an identical earlier node"},
     keeps="all",
     preserves=(positions, aliasing),

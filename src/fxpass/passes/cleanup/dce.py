@@ -9,7 +9,7 @@ from torch.fx.node import _side_effectful_functions
 
 from ...core.analyses import aliasing, fake_values, positions, users
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...edit.editor import allow, erase
 from ...fxutil.dialect import aten_op
@@ -57,8 +57,9 @@ def _dead_store(node: fx.Node, info: AliasInfo, keep_rng: bool) -> bool:
     return info.last_read(written) <= info.pos[node]  # the node itself reads at pos[node]
 
 
-@_builtin(
+@register(
     "dce",
+    origin="fxpass",
     statistics={"removed": "nodes erased because nothing used them"},
     keeps="all",
     preserves=(positions, users, aliasing, fake_values),

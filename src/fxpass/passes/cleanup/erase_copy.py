@@ -7,7 +7,7 @@ from torch import fx
 
 from ...core.analyses import aliasing
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.alias import AliasInfo, aliased_args
 from ...edit.editor import allow, erase, notify, replace_all_uses
 from ...fxutil.dialect import aten_op
@@ -65,8 +65,9 @@ def _erase_in_place(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) 
     return bool(moved) or gone
 
 
-@_builtin(
+@register(
     "erase_copy",
+    origin="fxpass",
     statistics={
         "readers_forwarded": "reads of a copy's destination that now read its source",
         "copies_erased": "copies removed",

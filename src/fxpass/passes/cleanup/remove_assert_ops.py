@@ -8,7 +8,7 @@ from torch.fx import Node
 
 from ...core.analyses import aliasing, fake_values, positions
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...fxutil.dialect import aten_op
 from ...fxutil.fx import is_erased
 from ...rewrite.rewriter import Rewriter
@@ -45,8 +45,9 @@ def _feeds_only_checks(node: Node) -> bool:
     return isinstance(node.meta.get("val"), _SCALAR_TYPES)
 
 
-@_builtin(
+@register(
     "remove_assert_ops",
+    origin="fxpass",
     statistics={
         "removed": "assertion nodes removed",
         "removed_scalar": "scalar computations that only fed removed assertions",

@@ -7,7 +7,7 @@ from torch import fx
 
 from ...core.analyses import aliasing, positions
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
 from ._copies import input_becomes_output
@@ -27,8 +27,9 @@ def _is_detach(node: fx.Node) -> bool:
     )
 
 
-@_builtin(
+@register(
     "remove_detach",
+    origin="fxpass",
     statistics={"removed": "detach calls replaced by their input"},
     keeps="all",
     preserves=(positions, aliasing),

@@ -7,7 +7,7 @@ from torch import fx
 
 from ...core.analyses import aliasing, positions
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.alias import AliasInfo
 from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
@@ -107,8 +107,9 @@ def _view_is_noop(node: fx.Node, src: fx.Node) -> bool:
     return same_layout(view, node_val(src))
 
 
-@_builtin(
+@register(
     "remove_noop",
+    origin="fxpass",
     statistics={
         "views_removed": "views, reshapes, conversions and dropouts that returned their input",
         "copies_removed": "copies nobody could tell from their source",

@@ -10,7 +10,7 @@ from torch import fx
 
 from ...core.analyses import aliasing
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.alias import (
     FUNCTIONAL_HOPS,
     AliasInfo,
@@ -176,8 +176,9 @@ def _rewrite(call: _Call, writebacks: dict) -> None:
     notify("replace", "fix_functionalization", [node], [inplace])
 
 
-@_builtin(
+@register(
     "fix_functionalization",
+    origin="fxpass",
     statistics={
         "reinplaced": "functionalized calls turned back into in-place calls",
         "kept": "functionalized calls left alone because a reader or the caller could tell",

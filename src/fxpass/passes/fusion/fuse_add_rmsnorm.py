@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.rule import Rule
 from ._keep_layout import fake_result, keep_layout
@@ -52,8 +52,9 @@ RULES = RuleSet(
 )
 
 
-@_builtin(
+@register(
     "fuse_add_rmsnorm",
+    origin="fxpass",
     statistics={
         "rewrites": "residual adds fused with their norm",
         "add_rms_norm.matched": "add + norm sites found",

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...fxutil.layout import same_layout
 from ...rewrite.constraint import value_of
 from ...rewrite.driver import RuleSet, rewrite
@@ -94,8 +94,9 @@ RULES = RuleSet(
 )
 
 
-@_builtin(
+@register(
     "fuse_add_rmsnorm_quant",
+    origin="fxpass",
     statistics={
         "rewrites": "add + norm + quantization sites fused",
         "add_rms_norm_quant.matched": "sites spelled out in full",

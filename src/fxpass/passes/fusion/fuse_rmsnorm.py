@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.pattern import P
 from ...rewrite.rule import Rule
@@ -36,8 +36,9 @@ RULES = RuleSet(
 )
 
 
-@_builtin(
+@register(
     "fuse_rmsnorm",
+    origin="fxpass",
     statistics={
         "rewrites": "norms fused",
         "rms_norm.tried": "nodes the norm pattern was tried at",

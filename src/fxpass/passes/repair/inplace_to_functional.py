@@ -9,7 +9,7 @@ from torch import fx
 
 from ...core.analyses import aliasing
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...edit.editor import allow, new_node_meta, notify
 from ...edit.spelling import Spelling
@@ -104,8 +104,9 @@ def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) ->
     return True
 
 
-@_builtin(
+@register(
     "inplace_to_functional",
+    origin="fxpass",
     statistics={
         "rewritten": "in-place calls replaced by their functional twin",
         "kept": "in-place calls left alone because a reader or the caller could tell",

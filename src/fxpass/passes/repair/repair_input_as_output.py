@@ -10,7 +10,7 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.contract import PassResult
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.editor import allow, new_node_meta, notify
 from ...edit.spelling import Spelling
 from ...fxutil.values import fake_value, node_val
@@ -30,8 +30,9 @@ def _is_tensor(node: fx.Node, index: int, sample_inputs: Sequence[Any]) -> bool 
     return None
 
 
-@_builtin(
+@register(
     "repair_input_as_output",
+    origin="fxpass",
     statistics={"clones_inserted": "inputs returned through a new clone"},
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
 )

@@ -9,7 +9,7 @@ import torch
 from torch import fx
 
 from ...core.context import stat
-from ...core.registry import _builtin
+from ...core.registry import register
 from ...edit.alias import lay_out_args
 from ...edit.editor import allow, new_node_meta, notify
 from ...edit.spelling import Spelling
@@ -127,8 +127,9 @@ def _convert(
     return True
 
 
-@_builtin(
+@register(
     "scalar_to_tensor",
+    origin="fxpass",
     statistics={
         "scalars_converted": "numbers replaced by 0-d tensors",
         "overloads_switched": "Scalar overloads replaced by their Tensor overload",

@@ -1,0 +1,371 @@
+"""Running passes: a group of passes run on one GraphModule with checks and rollback.
+
+This is the engine under every :class:`~fxpass.Pipeline` and under ``pass(gm)`` (a pass run
+on its own is a group of one). It knows a pass only by what it calls on it — ``name``,
+``spec``, ``execute(gm, ctx)``, ``needs_code``, ``preserves``, ``invariants`` — so it sits
+below the pass contract (:mod:`fxpass.core.contract`), which calls it, and below the
+pipeline (:mod:`fxpass.core.pipeline`), which adds names, order constraints and text.
+
+What a run guarantees is described in :mod:`fxpass.core.pipeline`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
+
+from ..fxutil.messages import first_line
+from .checks import Check, after_leaf, run_checks, watch
+from .context import DebugCounter, PassContext, _activate, current_context, scoped
+from .errors import PassFailedError
+from .instrument import Instrumentation
+from .ranges import range_skip
+from .recompile import DeferredRecompile
+from .report import PassRecord, Report
+from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
+
+__all__ = [
+    "DISABLED",
+    "PassGroup",
+    "PassResult",
+    "RunPolicy",
+    "instrumented",
+    "run_pass",
+]
+
+#: Names of the passes every run skips (reported as skipped): ``fxpass.registry.disable``
+#: adds to it (the registry is given this set when it is made).
+DISABLED: set[str] = set()
+
+
+def _enabled(name: str) -> bool:
+    return name not in DISABLED
+
+
+_GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = contextvars.ContextVar(
+    "fxpass_instruments", default=()
+)
+
+
+@contextlib.contextmanager
+def instrumented(*instruments: Instrumentation) -> Iterator[None]:
+    """Attach instrumentation to every pipeline run inside the block (backends, the CLI).
+
+    >>> with fxpass.instrumented(fxpass.PrintIR(after_change=True)):   # doctest: +SKIP
+    ...     torch.compile(model, backend="fxpass")(x)
+    """
+    with scoped(_GLOBAL_INSTRUMENTS, (*_GLOBAL_INSTRUMENTS.get(), *instruments)):
+        yield
+
+
+class PassResult(_TorchPassResult):
+    """The result of running a pass: ``graph_module``, ``modified``, ``stats`` (and ``report``).
+
+    It is a subclass of torch's ``PassResult`` named tuple, so code that unpacks
+    ``gm, modified = result`` or checks ``isinstance(result, torch...PassResult)`` still works.
+    """
+
+    def __new__(
+        cls,
+        graph_module: fx.GraphModule,
+        modified: bool,
+        stats: Mapping[str, float] | None = None,
+        report: Any = None,
+    ) -> PassResult:
+        self = super().__new__(cls, graph_module, bool(modified))
+        self.stats = dict(stats or {})
+        self.report = report
+        return self
+
+    def __repr__(self) -> str:
+        name = type(self.graph_module).__name__
+        return f"PassResult(graph_module=<{name}>, modified={self.modified}, stats={self.stats})"
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    """How a pipeline applies its checks and its round limit. fxpass's own runs use the
+    defaults; a compatibility layer passes its own (torch's and ExecuTorch's pass managers
+    check after unchanged passes too, and treat their round limit as a cap).
+
+    ``check_input``: run the checks on the input before the first pass;
+    ``check_unchanged``: run them after passes that changed nothing too;
+    ``warn_at_limit``: note and warn when a fixpoint stops at ``max_iterations`` while
+    still changing the graph.
+    """
+
+    check_input: bool = True
+    check_unchanged: bool = False
+    warn_at_limit: bool = True
+
+
+DEFAULT_POLICY = RunPolicy()
+
+
+class PassGroup:
+    """Passes (already :class:`~fxpass.Pass` objects) run in order on one GraphModule as one
+    run, with the group's checks; a :class:`~fxpass.Pipeline` is a group that also reads
+    names, order constraints and text. See :class:`~fxpass.Pipeline` for the arguments.
+    """
+
+    name = "pipeline"
+
+    def __init__(
+        self,
+        passes: Iterable[Any] = (),
+        *,
+        name: str | None = None,
+        checks: Iterable[Check] = (),
+        lint: bool = True,
+        run_checks_after_each_pass: bool = True,
+        suppress_check_failures: bool = False,
+        instrument: Iterable[Instrumentation] = (),
+        policy: RunPolicy = DEFAULT_POLICY,
+        verify_analyses: bool | None = None,
+    ) -> None:
+        self._passes: list[Any] = list(passes)
+        self.policy = policy
+        self.verify_analyses = verify_analyses
+        if name:
+            self.name = name
+        self.checks: list[Check] = list(checks)
+        self.lint = lint
+        self.run_checks_after_each_pass = run_checks_after_each_pass
+        self.suppress_check_failures = suppress_check_failures
+        self.instrument: list[Instrumentation] = list(instrument)
+
+    @property
+    def passes(self) -> list[Any]:
+        """The passes in the order they will run."""
+        return list(self._passes)
+
+    def set_passes(self, passes: Iterable[Any]) -> None:
+        """Replace the passes (already pass objects), e.g. with required passes inserted."""
+        self._passes = list(passes)
+
+    def add_checks(self, *checks: Check) -> PassGroup:
+        """Run ``checks`` after every pass that changes the graph (ExecuTorch's add_checks)."""
+        self.checks.extend(checks)
+        return self
+
+    @property
+    def head(self) -> str:
+        """How the group is written around its nested passes: ``pipeline``, ``fixpoint{...}``."""
+        return "pipeline"
+
+    @property
+    def body_spec(self) -> str:
+        """The passes as a spec, without this group's own name around them."""
+        return ",".join(p.spec for p in self.passes)
+
+    def __str__(self) -> str:
+        return getattr(self, "written_as", None) or self.body_spec
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __len__(self) -> int:
+        return len(self._passes)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.passes)
+
+    def __call__(self, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
+        return self.run(gm, sample_inputs, **kw)
+
+    def run(
+        self,
+        gm: fx.GraphModule,
+        sample_inputs: Sequence[Any] | None = None,
+        *,
+        instrument: Iterable[Instrumentation] = (),
+        debug_counter: DebugCounter | None = None,
+    ) -> PassResult:
+        """Run the passes on ``gm``; returns a :class:`PassResult` with a ``report``.
+
+        ``sample_inputs`` reach lowering passes ``(gm, sample_inputs)``; ``debug_counter``
+        limits how many rewrites the run may make (see :class:`~fxpass.DebugCounter`).
+        """
+        if not isinstance(gm, fx.GraphModule):
+            raise TypeError(
+                f"Pipeline.run expects a torch.fx.GraphModule, got {type(gm).__name__}; "
+                "capture the model first (torch.export.export, torch.fx.symbolic_trace), "
+                "or use fxpass.apply, which also takes an ExportedProgram"
+            )
+        outer = current_context()
+        if outer is not None:  # called from inside a pass of another run: join it
+            new_gm, modified = self._run_nested(gm, outer, None)
+            return PassResult(new_gm, modified)
+        instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
+        ctx = PassContext(
+            sample_inputs=sample_inputs,
+            instruments=instruments,
+            debug_counter=debug_counter,
+            enabled=_enabled,
+        )
+        if self.verify_analyses is not None:
+            ctx.analyses.verify = self.verify_analyses
+        state = ctx._run
+        state.recompiler = DeferredRecompile()
+        root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
+        report = Report(root=root, suppressed=state.suppressed)
+        snapshot = GraphSnapshot.take(gm)
+        state.recompiler.install(gm)
+        new_gm = gm
+        t0 = time.perf_counter()
+        try:
+            with _activate(ctx):
+                for inst in instruments:
+                    inst.before_pipeline(self, gm, ctx)
+                if self.policy.check_input:
+                    run_checks([self], gm, ctx, "(input)")
+                new_gm, modified = self._run_nested(gm, ctx, root)
+        except PassFailedError as err:
+            state.recompiler.finish(recompile=False)
+            edited = snapshot.restore()
+            root.seconds = time.perf_counter() - t0
+            root.status = "failed"
+            root.nodes_after = len(gm.graph.nodes)
+            report.error = first_line(err)
+            if edited:
+                err.args = (
+                    f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
+                    f"{', '.join(edited)}",
+                )
+            ctx.error = err
+            err.report = report
+            with _activate(ctx):
+                for inst in instruments:
+                    inst.after_pipeline(self, gm, report, ctx)
+            raise
+        except BaseException:
+            state.recompiler.finish(recompile=False)
+            snapshot.restore()
+            raise
+        state.recompiler.finish()
+        root.seconds = time.perf_counter() - t0
+        root.modified = modified
+        root.runs = 1
+        root.nodes_after = len(new_gm.graph.nodes)
+        with _activate(ctx):
+            for inst in instruments:
+                inst.after_pipeline(self, new_gm, report, ctx)
+        stats = report.stats()
+        return PassResult(new_gm, modified, stats, report=report)
+
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
+        new_gm, modified = self._run_nested(gm, ctx, ctx.record)
+        return PassResult(new_gm, modified)
+
+    def _run_nested(self, gm, ctx, record: PassRecord | None) -> tuple[fx.GraphModule, bool]:
+        checks = ctx._run.checks
+        checks.append(self)
+        try:
+            return self._run_body(gm, ctx, record)
+        finally:
+            checks.pop()
+
+    def _run_body(self, gm, ctx, record):
+        modified = False
+        for p in self.passes:
+            gm, changed = run_pass(p, gm, ctx, record)
+            modified |= changed
+        return gm, modified
+
+
+def _interpret(p: Any, ret: Any, gm: fx.GraphModule, record: PassRecord):
+    """(module after the pass, what the pass claimed about modification or None)."""
+    if isinstance(ret, tuple) and hasattr(ret, "graph_module"):  # torch or fxpass PassResult
+        for key, value in getattr(ret, "stats", {}).items():
+            record.stats[key] = record.stats.get(key, 0) + value
+        return ret.graph_module, bool(ret.modified)
+    if isinstance(ret, bool):
+        return gm, ret
+    if ret is None:
+        return gm, None
+    if isinstance(ret, fx.GraphModule):
+        return ret, None
+    raise TypeError(
+        f"pass '{p.name}' returned {type(ret).__name__}; a pass returns a bool, None, "
+        "a PassResult or a GraphModule"
+    )
+
+
+def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False):
+    """Run one pass inside a run; returns (module, modified) or, with keep, also the record."""
+    fresh = record is None
+    if fresh:
+        record = PassRecord(name=p.name, spec=p.spec, nodes_before=len(gm.graph.nodes))
+        if parent is not None:
+            parent.children.append(record)
+    skipped = "disabled in the registry" if not ctx.enabled(p.name) else range_skip(p)
+    if skipped is not None:
+        record.status = "skipped"
+        record.notes = [skipped]
+        record.nodes_after = record.nodes_before
+        return (gm, False, record) if keep else (gm, False)
+    state = ctx._run
+    leaf = not isinstance(p, PassGroup)
+    before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
+    watched = watch(p, gm, ctx) if leaf else ()
+    state.records.append(record)
+    ctx.pass_path.append(p.name)
+    for inst in ctx.instruments:
+        inst.before_pass(record, gm, ctx)
+    if p.needs_code:
+        state.recompiler.ensure_code(gm)
+    frame = ctx.analyses.enter(p.name, p.preserves, record)
+    t0 = time.perf_counter()
+    try:
+        ret = p.execute(gm, ctx)
+        new_gm, claimed = _interpret(p, ret, gm, record)
+    except PassFailedError as e:
+        record.seconds += time.perf_counter() - t0
+        record.status = "failed"
+        record.error = record.error or first_line(e)
+        raise
+    except Exception as e:
+        record.seconds += time.perf_counter() - t0
+        record.status = "failed"
+        record.error = f"{type(e).__name__}: {e}"
+        for inst in ctx.instruments:
+            inst.on_failure(record, gm, e, ctx)
+        raise PassFailedError(p.name, state.ran, e) from e
+    finally:
+        state.records.pop()
+        ctx.pass_path.pop()
+        ctx.analyses.leave(frame, gm, gm, False, leaf=leaf)  # a failed run drops the lot
+    record.seconds += time.perf_counter() - t0
+    record.runs += 1
+    if new_gm is not gm:
+        state.recompiler.install(new_gm)
+        changed = True
+        after = fingerprint(new_gm)
+    else:
+        after = fingerprint(gm)
+        structural = not same_fingerprint(before, after)
+        changed = structural if claimed is None else (claimed or structural)
+        if claimed is False and structural:
+            note = "said it did not change the graph, but it did"
+            if note not in record.notes:
+                record.notes.append(note)
+    state.fp = (new_gm, after)
+    ctx.analyses.leave(frame, gm, new_gm, changed, leaf=leaf)
+    ctx.changed = changed
+    record.modified |= changed
+    record.nodes_after = len(new_gm.graph.nodes)
+    for inst in ctx.instruments:
+        inst.after_pass(record, new_gm, ctx)
+    if changed:
+        state.recompiler.mark_stale(new_gm)
+        state.invariants.extend(c for c in p.invariants if c not in state.invariants)
+    if leaf:
+        after_leaf(p, new_gm, ctx, record, changed, watched, frame)
+    return (new_gm, changed, record) if keep else (new_gm, changed)
