@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _ranks import TIMEOUT, CommBytes, run_ranks
 
 import fxpass as fp
 from fxpass.distributed import load_rank, load_stage, weight_bytes
@@ -28,7 +29,6 @@ from fxpass.models.llama import build_decoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-TIMEOUT = 900
 MICRO = 2  # microbatches (of the captured batch of 1) under a pipelining schedule
 
 
@@ -98,7 +98,6 @@ def _torch_pipeline(rank: int, ids: torch.Tensor, expected: torch.Tensor) -> dic
 
 def rank_jobs(rank: int, jobs: list[dict], out_dir: str) -> None:
     import torch.distributed as dist
-    from shard import CommBytes
     from torch.distributed.pipelining import ScheduleGPipe
 
     results = {}
@@ -144,8 +143,6 @@ def _rank_main(rank, world_size, port, jobs, out_dir):
 
 def run(cases: list[tuple[str, dict]]) -> list[tuple[dict, list[dict]]]:
     """Prepare every case here, run them on their world sizes (one spawn per size)."""
-    from shard import run_ranks
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         prepared = [prepare(f, mesh, Path(tmp)) for f, mesh in cases]

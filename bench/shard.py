@@ -34,7 +34,6 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -45,45 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from _common import parser, timeit
-from torch.utils._python_dispatch import TorchDispatchMode
+from _ranks import TIMEOUT, CommBytes, run_ranks
 
 import fxpass as fp
 from fxpass.distributed import analyze
 from fxpass.models.llama import build_decoder
 
-C10D = torch.ops._c10d_functional
 CONFIG = {"dtype": torch.float32}
-TIMEOUT = 900
-
-
-# ----- counting what goes over the wire -------------------------------------------------------
-class CommBytes(TorchDispatchMode):
-    """Counts the collectives a forward issues and the bytes of the full tensors they reduce
-    or gather (DTensor's ops are let through first, so their collectives are seen too)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, int] = {}
-        self.bytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented
-        out = func(*args, **(kwargs or {}))
-        name = str(func.overloadpacket).split(".")[-1]
-        sized = None
-        if func in (C10D.all_reduce.default, C10D.reduce_scatter_tensor.default):
-            sized = args[0]
-        elif func is C10D.all_gather_into_tensor.default:
-            sized = out
-        elif func is torch.ops.fxpass.all_reduce_add_rmsnorm.default:
-            sized, name = args[0], "all_reduce"
-        if sized is not None:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            self.bytes += sized.numel() * sized.element_size()
-        return out
 
 
 # ----- on each rank ------------------------------------------------------------------------------
@@ -158,32 +125,6 @@ def rank_main(rank: int, world_size: int, port: int, jobs: list[dict], out_dir: 
     Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(world_size: int, jobs: list[dict], target: Any = None) -> list[dict]:
-    """Run every job on ``world_size`` gloo ranks (one spawn); every wait is bounded."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as out:
-        ctx = mp.start_processes(target or rank_main, args=(world_size, _free_port(), jobs, out),
-                                 nprocs=world_size, join=False, start_method="spawn")  # fmt: skip
-        deadline = time.monotonic() + TIMEOUT
-        try:
-            while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{world_size} ranks did not finish in {TIMEOUT} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join(10)
-        return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
-
-
 # ----- here --------------------------------------------------------------------------------------
 def _prepare(world_size: int, layers: int, tmp: Path, repeat: int) -> dict[str, Any]:
     model = build_decoder(layers=layers, **CONFIG)
@@ -221,7 +162,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for world_size in worlds:
             prepared = [_prepare(world_size, n, Path(tmp), args.repeat) for n in layer_counts]
-            ranks = run_ranks(world_size, [x["job"] for x in prepared])
+            ranks = run_ranks(world_size, [x["job"] for x in prepared], rank_main)
             for x in prepared:
                 n = x["job"]["layers"]
                 per_rank = [r[n] for r in ranks]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.fx import Node
 
@@ -23,10 +23,8 @@ from ._state import MISSING, MatchState
 from .compile import CompiledMatcher, compile_rule
 from .interpret import Interpreter
 from .region import Match, lazy_order
+from .rule import Rule
 from .spelling import OpOverload, OpOverloadPacket
-
-if TYPE_CHECKING:
-    from .rule import Rule
 
 __all__ = ["Matcher", "RuleStats", "attempt", "match_at"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from torch import fx
 from torch.fx import Node
@@ -19,9 +19,7 @@ from torch.fx import Node
 from ..fxutil.dialect import aten_op
 from ._state import MatchState
 from .order import TopoOrder, find_cycle
-
-if TYPE_CHECKING:
-    from .rule import Rule
+from .rule import Rule
 
 __all__ = ["Failure", "Match", "complete", "seen_through"]
 
