@@ -22,7 +22,7 @@ from typing import Any
 
 from ..core.imports import resolve_import
 from ..fxutil.messages import error_summary
-from ..targets.pt2 import Pt2Error, _quiet, load, stand_in_types
+from ..targets.pt2 import Pt2Error, load, quiet, stand_in_types
 from ._common import LOAD, USAGE, CliError, import_allowed, stderr
 
 TARGET_HELP = "TARGET is a .pt2 file, a .fxgraph file, or module:function (see docs/cli.md)."
@@ -112,7 +112,7 @@ def _load_python(ref: str, decompose: bool) -> Target:
         if isinstance(model, fx.GraphModule):
             return Target(ref, "python", model, list(inputs))
         try:
-            with _quiet():
+            with quiet():
                 ep = torch.export.export(model, inputs)
                 if decompose:
                     ep = ep.run_decompositions()

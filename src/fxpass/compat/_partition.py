@@ -20,16 +20,16 @@ from torch import fx, nn
 from ..partition.base import Partition
 from ..partition.capability import (
     DEFAULT_NON_COMPUTE_OPS,
-    _torch_name_matcher,
     propose,
     remove_bookend_non_compute,
+    torch_name_matcher,
 )
 from ..partition.fuse import fuse_partitions
 from ..partition.source import (
     SourcePartition,
-    _torch_keys,
     check_subgraphs_connected,
     group_by_source,
+    torch_keys,
 )
 from ..partition.support import OperatorSupportBase, any_chain, chain, node_support
 from ..partition.support_dict import OperatorSupport, arg_dtype
@@ -105,8 +105,8 @@ class CapabilityBasedPartitioner:
             lambda node: bool(support.is_node_supported(submodules, node)),
             horizontal=not self.skip_horizontal_fusion,
             allows_single_node_partition=self.allows_single_node_partition,
-            non_compute=_torch_name_matcher({*DEFAULT_NON_COMPUTE_OPS, *self.non_compute_ops}),
-            allowed_single=_torch_name_matcher(self.allowed_single_node_partition_ops),
+            non_compute=torch_name_matcher({*DEFAULT_NON_COMPUTE_OPS, *self.non_compute_ops}),
+            allowed_single=torch_name_matcher(self.allowed_single_node_partition_ops),
         )
 
     def fuse_partitions(
@@ -117,7 +117,7 @@ class CapabilityBasedPartitioner:
 
     def remove_bookend_non_compute_ops(self, partitions: list[Partition]) -> None:
         """Drop ``non_compute_ops`` nodes at partition boundaries, in place."""
-        remove_bookend_non_compute(partitions, _torch_name_matcher(self.non_compute_ops))
+        remove_bookend_non_compute(partitions, torch_name_matcher(self.non_compute_ops))
 
     def partition_and_fuse(self, prefix: str = "fused_") -> fx.GraphModule:
         return self.fuse_partitions(self.propose_partitions(), prefix=prefix)
@@ -155,4 +155,4 @@ def get_source_partitions(
     filter_fn: Callable[[fx.Node], bool] | None = None,
 ) -> dict[Any, list[SourcePartition]]:
     """torch's ``get_source_partitions`` (lists in graph order)."""
-    return group_by_source(graph, wanted_sources, filter_fn, _torch_keys)
+    return group_by_source(graph, wanted_sources, filter_fn, torch_keys)

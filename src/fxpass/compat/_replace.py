@@ -27,8 +27,8 @@ from torch.fx.subgraph_rewriter import Match
 from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPatterns
 
 from ..core.context import ChangeEvent, current_context
-from ..fxutil.fx import sort_key
-from ..rewrite.rewriter import Rewriter, _between, new_node
+from ..fxutil.fx import nodes_between, sort_key
+from ..rewrite.rewriter import Rewriter, new_node
 from ._subgraph import InternalMatch, SubgraphMatcher
 
 __all__ = ["Match", "ReplacedPatterns", "replace_pattern", "replace_pattern_with_filters"]
@@ -162,7 +162,7 @@ class _Surgeon:
             returned = self._copy(replacement, val_map)
         if isinstance(returned, Node):
             returned = (returned,)
-        new = _between(before, insert_at)
+        new = nodes_between(before, insert_at)
         replacements = [v for v in val_map.values() if v not in match.placeholder_nodes]
         if len(match.returning_nodes) != len(returned):
             raise AssertionError(

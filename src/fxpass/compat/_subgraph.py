@@ -20,8 +20,8 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalMatch
 
 from ..fxutil.fx import pytree_info, set_pytree_info
-from ..rewrite._state import MISSING, MatchState
 from ..rewrite.interpret import Cont
+from ..rewrite.match import MISSING, MatchState
 from ..rewrite.order import TopoOrder, find_cycle
 from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, mark_shared
 from ..rewrite.spelling import Module

@@ -47,6 +47,7 @@ __all__ = [
     "node_args",
     "node_kwargs",
     "nodes_after",
+    "nodes_between",
     "own_graph",
     "pytree_info",
     "qualified_name",
@@ -125,6 +126,15 @@ def nodes_after(graph: fx.Graph, mark: fx.Node) -> list[fx.Node]:
     """The nodes after ``mark`` to the end of the graph."""
     out, n, end = [], mark._next, graph._root
     while n is not end:
+        out.append(n)
+        n = n._next
+    return out
+
+
+def nodes_between(before: fx.Node, anchor: fx.Node) -> list[fx.Node]:
+    """The nodes strictly between ``before`` and ``anchor`` (which comes after it)."""
+    out, n = [], before._next
+    while n is not anchor:
         out.append(n)
         n = n._next
     return out

@@ -43,7 +43,12 @@ from ..fxutil.fx import qualified_name
 from .base import Partition, module_and_graph
 from .support import CALLABLE_OPS, OperatorSupportBase, parse_support, resolve_op
 
-__all__ = ["DEFAULT_NON_COMPUTE_OPS", "capability_partitions", "op_matcher"]
+__all__ = [
+    "DEFAULT_NON_COMPUTE_OPS",
+    "capability_partitions",
+    "op_matcher",
+    "torch_name_matcher",
+]
 
 #: Ops that never count as compute (torch's defaults, matched here by op packet).
 DEFAULT_NON_COMPUTE_OPS: tuple[str, ...] = ("torch.ops.aten.view", "_operator.getitem")
@@ -85,7 +90,7 @@ def op_matcher(ops: Iterable[Any] | None) -> NodePredicate:
     return _name_matcher(names, packets=True)
 
 
-def _torch_name_matcher(names: Iterable[str]) -> NodePredicate:
+def torch_name_matcher(names: Iterable[str]) -> NodePredicate:
     """torch's matching: the qualified name of the target, compared as a string."""
     return _name_matcher(frozenset(names), packets=False)
 

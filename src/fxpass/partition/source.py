@@ -27,7 +27,7 @@ from torch import fx
 
 from .base import module_and_graph
 
-__all__ = ["SourcePartition", "check_subgraphs_connected", "source_partitions"]
+__all__ = ["SourcePartition", "check_subgraphs_connected", "source_partitions", "torch_keys"]
 
 
 @dataclass
@@ -60,7 +60,7 @@ def _matches_module(cls: Any, src: Any) -> bool:
     return cls == src
 
 
-def _torch_keys(node: fx.Node, wanted: Sequence[Any]) -> tuple[Any, str] | None:
+def torch_keys(node: fx.Node, wanted: Sequence[Any]) -> tuple[Any, str] | None:
     """torch's ``get_source_partitions`` rules for one node: (source, instance key)."""
     stack = node.meta.get("source_fn_stack")
     if stack is not None:
@@ -82,7 +82,7 @@ def _torch_keys(node: fx.Node, wanted: Sequence[Any]) -> tuple[Any, str] | None:
 
 def _fxpass_keys(node: fx.Node, wanted: Sequence[Any]) -> tuple[Any, str] | None:
     """torch's rules, plus functions matched through ``torch_fn`` by their name."""
-    hit = _torch_keys(node, wanted)
+    hit = torch_keys(node, wanted)
     if hit is not None:
         return hit
     torch_fn = node.meta.get("torch_fn")

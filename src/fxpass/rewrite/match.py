@@ -26,7 +26,9 @@ from .region import Match, lazy_order
 from .rule import Rule
 from .spelling import OpOverload, OpOverloadPacket
 
-__all__ = ["Matcher", "RuleStats", "attempt", "match_at"]
+#: ``MatchState`` (a match in progress) and ``MISSING`` are part of the interface: a matcher
+#: policy outside this package (``compat/inductor``) drives matches with them.
+__all__ = ["MISSING", "MatchState", "Matcher", "RuleStats", "attempt", "match_at"]
 
 _PLAIN = Interpreter()
 

@@ -28,6 +28,7 @@ from ..fxutil.fx import (
     dead_node_eraser,
     default_node_name,
     is_erased,
+    nodes_between,
     set_args_kwargs,
     sort_key,
 )
@@ -241,10 +242,10 @@ class Rewriter:
         try:
             with graph.inserting_before(anchor):
                 result = rule.build(env, match)
-            new = _between(before, anchor)
+            new = nodes_between(before, anchor)
             values = None if result is None else self._values(match, result)
         except Exception as e:
-            self._undo(_between(before, anchor))
+            self._undo(nodes_between(before, anchor))
             if isinstance(e, RewriteError):
                 raise
             raise RewriteError(rule, f"the replacement raised {type(e).__name__}: {e}") from e
@@ -386,12 +387,3 @@ def _to_edge(nodes: Iterable[Node], dim_order: bool) -> None:
             n.target = target
             if kwargs is not n.kwargs:
                 n.kwargs = kwargs
-
-
-def _between(before: Node, anchor: Node) -> list[Node]:
-    out = []
-    n = before.next
-    while n is not anchor:
-        out.append(n)
-        n = n.next
-    return out

@@ -48,7 +48,7 @@ from ..core.errors import FxpassError
 from ..core.imports import import_modules, op_registrars
 from ..fxutil.messages import error_summary
 
-__all__ = ["Pt2Error", "StandIn", "check_archive", "load", "stand_in_types"]
+__all__ = ["Pt2Error", "StandIn", "check_archive", "load", "quiet", "stand_in_types"]
 
 _CHUNK = 1 << 20
 
@@ -407,8 +407,9 @@ def _no_pickle(allowed: Sequence[str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """torch logs tracebacks while it tries fallbacks; the caller reports one line instead."""
+def quiet() -> Iterator[None]:
+    """Silence torch's logs and warnings inside the block: torch logs tracebacks while it
+    tries fallbacks, and the caller reports one line instead."""
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     try:
@@ -494,7 +495,7 @@ def load(path: str | os.PathLike, *, imports: Sequence[str] = ()) -> ExportedPro
             raise Pt2Error(f"cannot import {module}: {type(e).__name__}: {e}") from e
     _provide_types(path, allowed)
     try:
-        with _quiet(), _no_pickle(allowed):
+        with quiet(), _no_pickle(allowed):
             contents = load_pt2(str(path))
             if "model" not in contents.exported_programs:  # torch 2.7's layout
                 ep = torch.export.load(str(path))

@@ -19,8 +19,7 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
-from ...rewrite._state import MatchState
-from ...rewrite.match import attempt
+from ...rewrite.match import MatchState, attempt
 from ...rewrite.region import lazy_order
 from ._compile import compile_pattern
 from ._exprs import MATCHER, FailedMatch, PatternExpr, pattern_text

@@ -23,9 +23,8 @@ from torch import fx
 from torch.fx import Node
 
 from ...fxutil.fx import sort_key
-from ...rewrite._state import MatchState
 from ...rewrite.explain import min_ops
-from ...rewrite.match import attempt
+from ...rewrite.match import MatchState, attempt
 from ...rewrite.region import lazy_order
 from ._compile import compile_pattern
 from ._entry import EXPLAIN_RELAXED, EXPLAIN_STRICT, PatternEntry, find

@@ -29,8 +29,8 @@ from torch.fx import Node
 
 from ...fxutil.fx import sort_key
 from ...rewrite import Match
-from ...rewrite._state import MISSING, MatchState
 from ...rewrite.interpret import Interpreter
+from ...rewrite.match import MISSING, MatchState
 from ...rewrite.order import find_cycle
 from ...rewrite.region import seen_through
 from ._compile import Exclusive, Items, OpCall, SizeLeaf

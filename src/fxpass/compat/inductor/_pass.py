@@ -31,7 +31,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ...core.context import current_context
 from ...fxutil.fx import is_erased, sort_key
-from ...rewrite._state import MatchState
+from ...rewrite.match import MatchState
 from ...rewrite.region import lazy_order
 from ...rewrite.rewriter import Rewriter
 from ._entry import GraphPatternEntry, PatternEntry, debug_node, explain_failure, find, log

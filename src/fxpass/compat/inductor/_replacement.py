@@ -29,7 +29,7 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ...rewrite._state import MatchState
+from ...rewrite.match import MatchState
 from ...rewrite.region import lazy_order
 from ._compile import FunctionalizedV2, argument_values
 from ._entry import (
