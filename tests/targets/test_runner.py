@@ -1,8 +1,11 @@
-"""The one runner behind the targets: resolve once, attach instruments, keep reports."""
+"""The one runner behind the targets: run what the target resolved, attach instruments,
+keep reports."""
 
+import pytest
 import torch
 
 import fxpass as fp
+from fxpass.core.pipeline import resolve_pipeline
 from fxpass.targets.runner import Runner, graph_sample_inputs
 
 
@@ -16,15 +19,18 @@ class _Seen(fp.Instrumentation):
 
 def test_runner_resolves_once_attaches_instruments_and_keeps_reports(llama_gm):
     seen = _Seen()
-    runner = Runner("remove_assert_ops,cse", instrument=[seen])
-    assert runner.pipeline is runner.pipeline  # parsed once
+    pipeline = resolve_pipeline("remove_assert_ops,cse")
+    runner = Runner(pipeline, instrument=[seen])
+    assert runner.pipeline is pipeline  # run as the target resolved it
     first = runner.run(llama_gm, graph_sample_inputs(llama_gm))
     second = runner.run(llama_gm)
     assert first.modified and not second.modified
     assert runner.reports == [first.report, second.report]
     assert seen.passes == ["remove_assert_ops", "cse"] * 2
     assert Runner().pipeline is not Runner().pipeline  # None: the default list, read anew
-    shared = Runner("dce", reports=runner.reports)
+    with pytest.raises(TypeError, match="resolved Pipeline"):
+        Runner("dce")  # a spec is resolved where the target receives it
+    shared = Runner(resolve_pipeline("dce"), reports=runner.reports)
     shared.run(llama_gm)
     assert len(runner.reports) == 3
 

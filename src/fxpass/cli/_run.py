@@ -12,13 +12,14 @@ if TYPE_CHECKING:
 
 
 def parse_pipeline(spec: str | None) -> Any:
-    """The pipeline for ``-p SPEC`` (the registered ``default`` when ``-p`` is not given).
+    """The pipeline for ``-p SPEC`` (the registered ``default`` when ``-p`` is not given),
+    resolved once here and handed down as it is (``apply``, the runner).
 
     A bad spec raises :class:`~fxpass.core.errors.SpecError`, which ``main`` reports as
     :func:`spec_error_line` with exit code 2; so does an empty one (``-p ""``), which would
     otherwise run nothing, or the default, without saying so."""
     from ..core.errors import SpecError
-    from ..targets.apply import resolve_pipeline
+    from ..core.pipeline import resolve_pipeline
 
     if spec is not None and not spec.strip():
         raise SpecError(

@@ -27,10 +27,10 @@ from torch import fx
 from ..core.context import DebugCounter
 from ..core.contract import Pass
 from ..core.errors import SpecError
-from ..core.pipeline import Pipeline
+from ..core.pipeline import Pipeline, resolve_pipeline
 from ..core.report import Report
 from .export import run_on_program
-from .runner import Runner, resolve_pipeline
+from .runner import Runner
 
 __all__ = ["ApplyResult", "apply", "resolve_pipeline"]
 

@@ -51,7 +51,7 @@ import torch
 from torch import fx
 
 from ..core.cache import metadata_only
-from ..core.pipeline import Pipeline
+from ..core.pipeline import Pipeline, resolve_pipeline
 from ..core.ranges import Ranges, compile_range
 from ..core.report import Report
 from .dispatch import CompileRanges, RangeDispatch, compile_ranges, plan_ranges
@@ -148,7 +148,7 @@ class FxpassBackend:
         self.reports: list[Report] = [] if reports is None else reports
         self.runners: dict[str, Runner] = dict(runners or {}) or {
             p.name: Runner(
-                p.pipeline,
+                None if p.pipeline is None else resolve_pipeline(p.pipeline),
                 instrument=settings.instrument,
                 reports=self.reports,
                 cache=settings.cache,

@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +141,10 @@ def _checked(out: list[Placement]) -> list[Placement]:
         if p.name in seen:
             raise PipelinesConfigError(f"two pipelines are called '{p.name}'; name them apart")
         seen.add(p.name)
-        if isinstance(p.pipeline, str):
-            resolve_pipeline(p.pipeline)  # a bad spec is an error now, with its column
-    return out
+    # a spec is read once, now: a bad one is an error with its column, and the runner
+    # runs what was read
+    return [replace(p, pipeline=resolve_pipeline(p.pipeline)) if isinstance(p.pipeline, str)
+            else p for p in out]  # fmt: skip
 
 
 def parse_pipelines(text: str) -> list[Placement]:
@@ -169,10 +170,10 @@ def parse_pipelines(text: str) -> list[Placement]:
             )
         spec_at = offset + len(head) + 1
         try:
-            resolve_pipeline(spec)
+            pipeline = resolve_pipeline(spec)
         except SpecError as e:
             raise SpecError(f"{ENV}: {e.message}", text, spec_at + e.column) from None
-        out.append(Placement(name.strip() if at else hook, hook, spec.strip()))
+        out.append(Placement(name.strip() if at else hook, hook, pipeline))
     return _checked(out)
 
 
@@ -210,9 +211,10 @@ def load_pipelines(path: str | os.PathLike) -> list[Placement]:
             )
         spec = entry.get("spec")
         try:
-            out.append(Placement(name, entry["hook"], spec))
+            placement = Placement(name, entry["hook"], spec)
             if spec is not None:
-                resolve_pipeline(spec)
+                placement = replace(placement, pipeline=resolve_pipeline(spec))
+            out.append(placement)
         except SpecError as e:
             raise PipelinesConfigError(f"{path}: pipeline '{name}': {e}") from None
     return _checked(out)

@@ -39,11 +39,11 @@ from torch import fx
 from ..core.cache import replace_graph
 from ..core.identity import OP_PACKAGES, ops_code_id
 from ..core.identity import pipeline_uuid as _pipeline_uuid
-from ..core.pipeline import Pipeline
+from ..core.pipeline import Pipeline, resolve_pipeline
 from ..core.ranges import SizeRange, compile_range, format_ranges
 from ..core.report import Report
 from .hooks import INDUCTOR_HOOKS
-from .runner import Runner, graph_sample_inputs, resolve_pipeline
+from .runner import Runner, graph_sample_inputs
 
 __all__ = ["HOOKS", "InductorPass", "inductor_pass", "pipeline_uuid"]
 

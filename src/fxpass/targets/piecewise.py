@@ -35,13 +35,14 @@ from torch import fx
 from torch.fx.passes.split_module import split_module
 
 from ..core.errors import PassFailedError
+from ..core.pipeline import resolve_pipeline
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
 from ..fxutil.fx import use_codegen
 from ..fxutil.ops import resolve_op
 from ..fxutil.paths import get_path
 from ..ops.stream import STREAM_OPS
-from .runner import Runner, graph_sample_inputs, resolve_pipeline
+from .runner import Runner, graph_sample_inputs
 
 __all__ = ["ALIASES", "Piece", "PiecewiseGraph", "piecewise", "split", "split_predicate"]
 

@@ -1,8 +1,8 @@
 """The one runner behind every target: ``apply``, the backend, the Inductor pass, piecewise.
 
-A :class:`Runner` resolves the pipeline a target was given (once; None is the registered
-``default`` pipeline, read again at every run), runs it with the target's instruments
-attached, and keeps the report of every run in ``reports``. It also does what every door
+A :class:`Runner` runs the pipeline its target resolved (once, where the user handed it
+over; None is the registered ``default`` pipeline, read again at every run) with the
+target's instruments attached, and keeps the report of every run in ``reports``. It also does what every door
 shares: it restores results from a pipeline cache instead of running the passes (and
 keeps them there), labels each report with where it ran (``report.where``: the pipeline's
 name, the hook, the compile range), and writes each run's artifacts to torch's structured
@@ -27,14 +27,15 @@ from ..core.ranges import current_range, format_ranges
 from ..core.report import Report
 from ..core.trace import StructuredTrace, run_label, trace_cached, tracing
 
-__all__ = ["Runner", "as_cache", "graph_sample_inputs", "resolve_pipeline"]
+__all__ = ["Runner", "as_cache", "graph_sample_inputs"]
 
 
 class Runner:
     """Runs ``pipeline`` for a target with ``instrument`` attached; collects ``reports``.
 
-    ``pipeline`` is anything :func:`resolve_pipeline` takes; it is resolved on first use
-    and kept, except None (the ``default`` pipeline as it stands at each run). Runners made
+    ``pipeline`` is a :class:`~fxpass.Pipeline` the target resolved
+    (:func:`~fxpass.core.pipeline.resolve_pipeline`), or None: the ``default`` pipeline as
+    it stands at each run. Runners made
     with ``reports=`` share that list (a backend's runs, whatever path they take).
     ``cache`` (a :class:`~fxpass.core.cache.PipelineCache` or its folder) restores results
     instead of running the passes; ``where`` labels every report (``{"pipeline": "fusion",
@@ -50,21 +51,22 @@ class Runner:
         cache: PipelineCache | str | os.PathLike | None = None,
         where: Mapping[str, str] | None = None,
     ) -> None:
+        if pipeline is not None and not isinstance(pipeline, Pipeline):
+            raise TypeError(
+                f"Runner runs a resolved Pipeline (or None, the default), not "
+                f"{type(pipeline).__name__}: resolve it where the target receives it, "
+                "with fxpass.core.pipeline.resolve_pipeline"
+            )
         self.given = pipeline
         self.instrument = tuple(instrument)
         self.reports: list[Report] = [] if reports is None else reports
         self.cache = as_cache(cache)
         self.where = dict(where or {})
-        self._pipeline: Pipeline | None = None
 
     @property
     def pipeline(self) -> Pipeline:
         """The pipeline the next run uses."""
-        if self.given is None:
-            return resolve_pipeline(None)
-        if self._pipeline is None:
-            self._pipeline = resolve_pipeline(self.given)
-        return self._pipeline
+        return resolve_pipeline(None) if self.given is None else self.given
 
     def run(
         self,
