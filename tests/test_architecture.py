@@ -3,6 +3,7 @@ layer list names every package (lint-imports checks the imports themselves)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -39,3 +40,43 @@ def test_test_modules_have_unique_basenames():
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         other = seen.setdefault(path.name, path)
         assert other == path, f"{path.relative_to(ROOT)} and {other.relative_to(ROOT)}"
+
+
+#: torch's private attributes that fxpass reads or writes only through fxutil (fx.py, ops.py):
+#: a torch upgrade that renames one changes one file.
+PRIVATE_TORCH = {"_schema", "_out_spec", "_in_spec", "_modules", "_buffers", "_parameters",
+                 "_codegen"}  # fmt: skip
+
+
+def _private_torch_uses(source: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_TORCH:
+            found.append((node.lineno, node.attr))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in PRIVATE_TORCH
+        ):
+            found.append((node.lineno, node.args[1].value))
+    return found
+
+
+def test_private_torch_attributes_are_read_only_in_fxutil():
+    outside = {
+        f"{p.relative_to(PACKAGE)}:{line}": attr
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if "fxutil" not in p.relative_to(PACKAGE).parts
+        for line, attr in _private_torch_uses(p.read_text())
+    }
+    assert not outside, f"use the helpers in fxutil/fx.py or fxutil/ops.py instead: {outside}"
+
+
+def test_the_walk_sees_each_form_of_access():
+    planted = "op._schema.name\ngetattr(gm, '_out_spec', None)\ng._codegen = c\nm._modules\n"
+    assert sorted(_private_torch_uses(planted)) == [
+        (1, "_schema"), (2, "_out_spec"), (3, "_codegen"), (4, "_modules")
+    ]  # fmt: skip

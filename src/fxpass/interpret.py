@@ -46,6 +46,7 @@ from .edit.editor import Editor
 from .edit.location import source_location
 from .edit.provenance import COPIED_META
 from .fxutil.fx import copy_code_fields, empty_graph_like, is_erased, last_node, nodes_after
+from .fxutil.ops import schema_of
 from .fxutil.paths import get_path
 from .fxutil.values import FakeEvaluator, returns_alias, same_value
 
@@ -96,7 +97,7 @@ def map_args(
     the seed's ``args_map``. Ops without a schema are returned unchanged.
     """
     args, kwargs = list(args), dict(kwargs)
-    schema = getattr(op, "_schema", None)
+    schema = schema_of(op)
     if schema is None:
         return tuple(args), kwargs
     for i, arg in enumerate(schema.arguments):

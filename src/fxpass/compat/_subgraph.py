@@ -19,7 +19,7 @@ from torch import fx
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalMatch
 
-from ..fxutil.fx import pytree_info, set_pytree_info
+from ..fxutil.fx import out_spec_of, pytree_info, set_pytree_info
 from ..rewrite.interpret import Cont
 from ..rewrite.match import MISSING, MatchState
 from ..rewrite.order import TopoOrder, find_cycle
@@ -325,9 +325,10 @@ def _split_to_graph_and_name_node_map(gm: GraphModule) -> tuple[GraphModule, dic
     name_node_map: dict[str, Node] = {}
     for n in gm.graph.nodes:
         if n.op == "output":
-            if gm._out_spec is None:
-                raise AssertionError("gm._out_spec is None")
-            output = tree_unflatten(n.args[0], gm._out_spec)
+            spec = out_spec_of(gm)
+            if spec is None:
+                raise AssertionError("the pattern graph has no output spec")
+            output = tree_unflatten(n.args[0], spec)
             if not isinstance(output, tuple):
                 raise AssertionError("Expecting the pattern graph to return a tuple")
             if len(output) < 2:

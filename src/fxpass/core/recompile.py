@@ -25,15 +25,15 @@ class DeferredRecompile:
     """Defers recompiles of the GraphModules handed to :meth:`install` until :meth:`finish`."""
 
     def __init__(self) -> None:
-        self._modules: dict[int, fx.GraphModule] = {}
+        self._graph_modules: dict[int, fx.GraphModule] = {}
         self._stale: dict[int, fx.GraphModule] = {}
         self.recompiles = 0
         self.deferred = 0
 
     def install(self, gm: Any) -> None:
-        if not isinstance(gm, fx.GraphModule) or id(gm) in self._modules:
+        if not isinstance(gm, fx.GraphModule) or id(gm) in self._graph_modules:
             return
-        self._modules[id(gm)] = gm
+        self._graph_modules[id(gm)] = gm
         gm.__dict__["recompile"] = lambda: self._request(gm)
 
     def _request(self, gm: fx.GraphModule) -> Any:
@@ -67,7 +67,7 @@ class DeferredRecompile:
 
     def finish(self, *, recompile: bool = True) -> None:
         """Stop deferring; regenerate stale code once (unless ``recompile`` is False)."""
-        for gm in self._modules.values():
+        for gm in self._graph_modules.values():
             gm.__dict__.pop("recompile", None)
         if recompile:
             for gm in list(self._stale.values()):
@@ -75,4 +75,4 @@ class DeferredRecompile:
         for gm in self._stale.values():
             gm.__dict__.pop("forward", None)
         self._stale.clear()
-        self._modules.clear()
+        self._graph_modules.clear()

@@ -30,7 +30,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..fxutil.files import write_atomic
-from ..fxutil.fx import make_lazy_module, pytree_info, set_pytree_info
+from ..fxutil.fx import make_lazy_module, module_tables, pytree_info, set_pytree_info
 from .errors import FxpassError
 
 __all__ = ["GraphFileError", "load_graph", "save_graph"]
@@ -297,7 +297,7 @@ def _encode_attr(gm: fx.GraphModule, target: str, enc: _Encoder, prefix: str) ->
 def _is_buffer(gm: torch.nn.Module, target: str) -> bool:
     owner_path, _, name = target.rpartition(".")
     owner = gm.get_submodule(owner_path) if owner_path else gm
-    return name in owner._buffers
+    return name in module_tables(owner)[2]
 
 
 def _decode_graph(data: dict, tensors: dict[str, torch.Tensor], mode: FakeTensorMode | None):

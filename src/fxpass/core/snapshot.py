@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..fxutil.fx import GraphState, bind_owner, graph_structure, own_graph
+from ..fxutil.fx import GraphState, bind_owner, graph_structure, module_tables, own_graph
 
 __all__ = ["GraphSnapshot", "fingerprint"]
 
@@ -29,24 +29,20 @@ class _ModuleState:
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self.attrs = dict(module.__dict__)
-        self.modules = dict(module._modules)
-        self.parameters = dict(module._parameters)
-        self.buffers = dict(module._buffers)
-        self.non_persistent = set(module._non_persistent_buffers_set)
+        modules, parameters, buffers, non_persistent = module_tables(module)
+        self.modules = dict(modules)
+        self.parameters = dict(parameters)
+        self.buffers = dict(buffers)
+        self.non_persistent = set(non_persistent)
 
     def restore(self) -> None:
         m = self.module
         m.__dict__.clear()
         m.__dict__.update(self.attrs)
-        for live, saved in (
-            (m._modules, self.modules),
-            (m._parameters, self.parameters),
-            (m._buffers, self.buffers),
-        ):
+        saved = (self.modules, self.parameters, self.buffers, self.non_persistent)
+        for live, kept in zip(module_tables(m), saved):
             live.clear()
-            live.update(saved)
-        m._non_persistent_buffers_set.clear()
-        m._non_persistent_buffers_set.update(self.non_persistent)
+            live.update(kept)
 
 
 # Attributes recompile() sets on a GraphModule's own per-instance class.
@@ -61,12 +57,12 @@ class GraphSnapshot:
     >>> snap.restore()                     # gm is node for node what it was
     """
 
-    __slots__ = ("_classes", "_graphs", "_modules", "_versions", "gm")
+    __slots__ = ("_classes", "_graphs", "_states", "_versions", "gm")
 
     def __init__(self, gm: torch.nn.Module) -> None:
         self.gm = gm
         modules = list(gm.modules())
-        self._modules = [_ModuleState(m) for m in modules]
+        self._states = [_ModuleState(m) for m in modules]
         self._graphs = [
             GraphState(graph)
             for m in modules
@@ -87,7 +83,7 @@ class GraphSnapshot:
 
     def restore(self) -> list[str]:
         """Put the module back as it was; return names of tensors edited in place (not undone)."""
-        for state in self._modules:
+        for state in self._states:
             state.restore()
         for state in self._graphs:
             state.restore()
@@ -125,9 +121,7 @@ def fingerprint(gm: torch.nn.Module) -> Any:
     return (
         id(graph),
         graph_structure(graph),
-        tuple(gm._modules),
-        tuple(gm._parameters),
-        tuple(gm._buffers),
+        *(tuple(table) for table in module_tables(gm)[:3]),
     )
 
 

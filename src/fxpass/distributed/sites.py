@@ -25,6 +25,7 @@ from torch import fx
 from torch.export.graph_signature import ExportGraphSignature, InputKind
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.ops import schema_of
 
 __all__ = ["SAME_VALUE", "Params", "Site", "find_sites", "target_of"]
 
@@ -158,7 +159,7 @@ _THROUGH = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.clo
 
 def is_grouped_mm(op: Any) -> bool:
     """Whether ``op`` is a grouped matmul: one of :data:`GROUPED_MM`, or an op named like one."""
-    name = getattr(getattr(op, "_schema", None), "name", "")
+    name = getattr(schema_of(op), "name", "")
     return name in GROUPED_MM or name.endswith("grouped_mm") or name.endswith("grouped_mm_fallback")
 
 

@@ -47,6 +47,7 @@ from torch.export.graph_signature import (
 )
 from torch.utils import _pytree as pytree
 
+from ..fxutil.ops import schema_of
 from .plan import ShardError, Stage, plural
 from .sites import target_of
 
@@ -74,7 +75,7 @@ def flops(node: fx.Node) -> int:
     (linear, grouped), ``4·B·H·L·S·D`` for attention, one per output element otherwise."""
     out = _val(node)
     op = target_of(node)
-    name = getattr(getattr(op, "_schema", None), "name", "")
+    name = getattr(schema_of(op), "name", "")
     if op in _MATMULS or name.endswith("grouped_mm") or name.endswith("grouped_mm_fallback"):
         a = _val(node.args[1] if op is aten.addmm.default else node.args[0])
         if isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor):

@@ -47,6 +47,7 @@ from torch import fx
 from ..core.context import stat
 from ..core.registry import REGISTRY
 from ..edit.editor import Editor
+from ..fxutil.ops import schema_of
 from ..fxutil.paths import find_path
 from ..fxutil.values import fake_value
 from ..rewrite.metadata import MetaPropagator
@@ -266,7 +267,7 @@ def _reduction(
 
 
 def _writes_first(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
+    schema = schema_of(node.target)
     if schema is None or not schema.arguments:
         return False
     info = schema.arguments[0].alias_info

@@ -39,6 +39,7 @@ from torch import fx
 
 from ..fxutil.dialect import aten_op
 from ..fxutil.fx import is_erased
+from ..fxutil.ops import schema_of
 from ..fxutil.values import node_val
 from ..fxutil.views import always_view, returns_view, shares_storage
 from ..ops.stream import is_stream_op
@@ -137,7 +138,7 @@ FUNCTIONAL_HOPS = ("auto_functionalized", "auto_functionalized_v2")
 def op_schema(node: fx.Node) -> torch.FunctionSchema | None:
     """The schema of an ``OpOverload`` call (an Edge op's too), else None."""
     if node.op == "call_function" and isinstance(aten_op(node.target), torch._ops.OpOverload):
-        return node.target._schema
+        return schema_of(node.target)
     return None
 
 
@@ -163,7 +164,7 @@ def write_slots(op: torch._ops.OpOverload) -> _Slots:
     """The arguments of ``op`` it writes (``Tensor(a!)``), cached per op."""
     return tuple(
         (i, a.name, a.kwarg_only)
-        for i, a in enumerate(op._schema.arguments)
+        for i, a in enumerate(schema_of(op).arguments)
         if a.alias_info is not None and a.alias_info.is_write
     )
 
@@ -171,7 +172,7 @@ def write_slots(op: torch._ops.OpOverload) -> _Slots:
 @functools.cache
 def _alias_slots(op: torch._ops.OpOverload) -> _Slots:
     """The arguments of ``op`` whose memory its results may share, cached per op."""
-    schema = op._schema
+    schema = schema_of(op)
     sets = set()
     for ret in schema.returns:
         if ret.alias_info is not None:

@@ -14,6 +14,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import fx
 from torch.fx._lazy_graph_module import (
     _LazyGraphModule,
@@ -44,8 +45,10 @@ __all__ = [
     "is_lazy_module",
     "last_node",
     "make_lazy_module",
+    "module_tables",
     "node_args",
     "node_kwargs",
+    "out_spec_of",
     "nodes_after",
     "nodes_between",
     "own_graph",
@@ -58,6 +61,7 @@ __all__ = [
     "set_pytree_info",
     "sort_key",
     "use_codegen",
+    "use_plain_codegen",
 ]
 
 _set = object.__setattr__
@@ -192,6 +196,22 @@ def pytree_info(graph: fx.Graph) -> Any:
 def set_pytree_info(graph: fx.Graph, orig_args: Any, in_spec: Any, out_spec: Any) -> None:
     """Flatten ``graph``'s inputs and outputs by these specs (what ``ep.module()`` does)."""
     graph._codegen = fx.graph._PyTreeCodeGen(fx.graph._PyTreeInfo(orig_args, in_spec, out_spec))
+
+
+def use_plain_codegen(graph: fx.Graph) -> None:
+    """Give ``graph`` torch's plain code generator: no pytree specs of inputs and outputs."""
+    graph._codegen = fx.graph.CodeGen()
+
+
+def out_spec_of(gm: fx.GraphModule) -> Any:
+    """The pytree spec a GraphModule's outputs are put back into (None where it has none)."""
+    return gm._out_spec
+
+
+def module_tables(module: torch.nn.Module) -> tuple[dict, dict, dict, set]:
+    """A module's own tables, live: submodules, parameters, buffers (name -> value) and the
+    names of its non-persistent buffers."""
+    return module._modules, module._parameters, module._buffers, module._non_persistent_buffers_set
 
 
 def is_lazy_module(gm: Any) -> bool:

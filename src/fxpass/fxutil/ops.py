@@ -23,6 +23,7 @@ __all__ = [
     "op_name",
     "op_registrar",
     "resolve_op",
+    "schema_of",
     "torch_op",
 ]
 
@@ -94,6 +95,13 @@ def _unknown_op(name: str) -> str:
         f"unknown op '{name}'{hint} (write an overload like aten.add.Tensor, a packet like "
         "aten.add, operator.getitem, or an importable path like torch.nn.functional.linear)"
     )
+
+
+def schema_of(op: Any) -> Any:
+    """An op overload's schema (``torch._C.FunctionSchema``: name, arguments, returns, which
+    arguments it writes), None for targets that have none (functions, packets): every read
+    of torch's private ``_schema`` goes through here."""
+    return getattr(op, "_schema", None)
 
 
 def op_name(op: Any) -> str:

@@ -51,6 +51,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from ..fxutil.ops import schema_of
 from .stream import STREAM_OPS, _check_ids, _note
 
 __all__ = ["StreamDebug", "stream_debug"]
@@ -304,10 +305,10 @@ class StreamDebug(TorchDispatchMode):
         return out
 
     def stream_op(self, func, args) -> None:
-        name = func._schema.name.split("::")[1]
+        name = schema_of(func).name.split("::")[1]
         numbers = {
             a.name: v
-            for a, v in zip(func._schema.arguments, args)
+            for a, v in zip(schema_of(func).arguments, args)
             if not isinstance(v, torch.Tensor)
         }
         _check_ids(name, **numbers)
@@ -408,7 +409,7 @@ class StreamDebug(TorchDispatchMode):
 
 
 def _slots(func) -> list[tuple[int, str, Any]]:
-    return [(i, a.name, a.alias_info) for i, a in enumerate(func._schema.arguments)]
+    return [(i, a.name, a.alias_info) for i, a in enumerate(schema_of(func).arguments)]
 
 
 def _arg(args, kwargs, i: int, name: str) -> Any:
@@ -426,7 +427,7 @@ def _written(func, args, kwargs) -> list[Any]:
 def _returned_writes(func, args, kwargs) -> list[Any]:
     """The written arguments ``func`` returns, in the order of its returns."""
     out = []
-    for ret in func._schema.returns:
+    for ret in schema_of(func).returns:
         sets = set(ret.alias_info.before_set) if ret.alias_info is not None else set()
         for i, name, info in _slots(func):
             if info is not None and info.is_write and sets & set(info.before_set):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.ops import schema_of
 from ._state import MISSING
 from .spelling import OpOverload
 
@@ -94,7 +95,7 @@ def layout(p: Any, target: Any, eager: bool = False) -> Layout:
     an op name); ``eager``: raise on a pattern that cannot fit the schema."""
     r = Layout()
     spelled = isinstance(target, OpOverload) or aten_op(target) is not target
-    schema = getattr(target, "_schema", None) if spelled else None
+    schema = schema_of(target) if spelled else None
     if schema is not None:
         _by_schema(p, r, schema, target, eager)
     else:

@@ -11,6 +11,7 @@ import torch
 from torch.fx import Node
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.ops import schema_of
 from ._state import MISSING
 from .spelling import CAST_OPS, OpOverload
 
@@ -175,7 +176,7 @@ def constant_number(node: Node) -> Any:
     for user in node.users:
         target = aten_op(user.target)
         if isinstance(target, OpOverload) and any(
-            a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments
+            a.alias_info is not None and a.alias_info.is_write for a in schema_of(target).arguments
         ):
             return None  # written in place: not a constant
     return const.item()

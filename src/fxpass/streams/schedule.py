@@ -31,6 +31,7 @@ from torch import fx
 
 from ..edit.editor import Editor
 from ..edit.memory import Memory
+from ..fxutil.ops import schema_of
 from ..verify.happens_before import GRAPH_START, Clock, StreamClocks
 from ..verify.streams import check_streams
 from .plan import StreamPlan
@@ -123,7 +124,7 @@ class _Syncs:
         self.first_op = next(n for n in self.graph.nodes if n.op != "placeholder")
 
     def insert(self, op, args: tuple, stream: int, origin: fx.Node, **where) -> fx.Node:
-        name = op._schema.name.split("::")[1]
+        name = schema_of(op).name.split("::")[1]
         node = self.editor.insert(
             op, args, rule=f"multi_stream.{name}", origin=[origin], val=None, **where
         )

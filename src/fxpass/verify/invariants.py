@@ -25,6 +25,7 @@ import torch
 from torch import fx
 
 from ..fxutil.fx import is_erased, node_args, node_kwargs
+from ..fxutil.ops import schema_of
 from ..fxutil.values import FakeEvaluator, Strictness, node_val
 from ..ops.stream import is_stream_op
 from .layouts import check_layouts
@@ -67,7 +68,7 @@ def check_metadata(
 
 def _no_value(node: fx.Node) -> bool:
     """Ops that return nothing (``aten._assert_tensor_metadata``) have no value to describe."""
-    schema = getattr(node.target, "_schema", None)
+    schema = schema_of(node.target)
     return node.op == "call_function" and schema is not None and not schema.returns
 
 

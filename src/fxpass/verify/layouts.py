@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..fxutil.layout import format_layout, significant_strides
 from ..fxutil.messages import error_summary
+from ..fxutil.ops import schema_of
 from ..fxutil.values import FakeEvaluator, Strictness
 
 __all__ = ["LayoutError", "check_layouts", "require_layouts"]
@@ -97,7 +98,7 @@ def _edits_metadata(target: Any) -> bool:
     return (
         isinstance(target, torch._ops.OpOverload)
         and target.namespace in _BUILTIN_NAMESPACES
-        and target._schema.is_mutable
+        and schema_of(target).is_mutable
     )
 
 

@@ -34,6 +34,7 @@ from executorch.exir.backend.utils import tag_constant_data
 from torch import fx
 from torch.export import ExportedProgram
 
+from ...fxutil.ops import schema_of
 from ...partition.base import Partition, find_cycle
 from ...partition.capability import capability_partitions
 from ...partition.source import source_partitions
@@ -72,7 +73,7 @@ def _require_backend(backend_id: str) -> None:
 
 def _decomposed(op: Any) -> bool:
     """Whether ``to_edge`` would take ``op`` apart: a functional op outside core ATen."""
-    schema = getattr(op, "_schema", None)
+    schema = schema_of(op)
     if schema is None or torch.Tag.core in getattr(op, "tags", ()) or schema.is_mutable:
         return False
     return all(r.alias_info is None for r in schema.returns)

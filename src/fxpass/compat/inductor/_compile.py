@@ -24,6 +24,7 @@ import torch
 from torch.fx import Node
 
 from ...core.errors import FxpassError
+from ...fxutil.ops import schema_of
 from ...rewrite import Rule
 from ...rewrite.pattern import AnyOf, Pattern, Seq, Through, Var
 from ...rewrite.pattern import P as _P
@@ -171,7 +172,7 @@ class FunctionalizedV2(OpCall):
         self.fns, self.packets, self.fn_ids = frozenset([v2]), frozenset(), frozenset([id(v2)])
         self.ids = self.fn_ids
         self._keep = [v2]
-        schema = getattr(op, "_schema", None)
+        schema = schema_of(op)
         self.mutated = [
             a.name
             for a in (schema.arguments if schema is not None else ())

@@ -10,6 +10,8 @@ import torch
 from torch._higher_order_ops.auto_functionalize import AutoFunctionalized
 from torch.fx import Node
 
+from ...fxutil.ops import schema_of
+
 __all__ = ["is_mutation_op", "unsupported_node"]
 
 # copy_, relu_, _set_grad_enabled, manual_seed, _enter_autocast... (not __rshift__)
@@ -22,7 +24,7 @@ def _target_verdict(node: Node) -> bool | None:
     t = node.target
     # inductor::resize_storage_bytes_ has a functional schema; its name says what it does
     if isinstance(t, torch._ops.OpOverload) and str(t) != "inductor.resize_storage_bytes_.default":
-        return t._schema.is_mutable
+        return schema_of(t).is_mutable
     if isinstance(t, AutoFunctionalized):
         return False
     name = t if node.op == "call_method" else getattr(t, "__name__", "")

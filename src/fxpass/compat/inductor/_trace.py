@@ -30,6 +30,7 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ...fxutil.fx import use_plain_codegen
 from ._exprs import (
     CallFunction,
     ExclusiveKeywordArg,
@@ -119,7 +120,7 @@ def joint_fwd_bwd(
 
     remove_noop_ops(gm.graph)
     early_patterns.apply(gm.graph)
-    gm.graph._codegen = fx.graph.CodeGen()  # no input/output pytree specs
+    use_plain_codegen(gm.graph)  # no input/output pytree specs
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm

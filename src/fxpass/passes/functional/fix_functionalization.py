@@ -20,6 +20,7 @@ from ...edit.alias import (
     write_slots,
 )
 from ...edit.editor import allow, new_node_meta, notify
+from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value
 
 __all__ = ["fix_functionalization"]
@@ -46,7 +47,7 @@ class _Call:
     def __init__(self, node: fx.Node, kind: str) -> None:
         self.node, self.kind = node, kind
         self.op: torch._ops.OpOverload = node.args[0]
-        self.schema = self.op._schema
+        self.schema = schema_of(self.op)
         kwargs = dict(node.kwargs)
         returns = len(self.schema.returns)
         self.offset = returns if returns > 1 else 1  # outputs first, then the new bases

@@ -14,6 +14,7 @@ from ...edit.alias import AliasInfo, written_args
 from ...edit.editor import allow, new_node_meta, notify
 from ...edit.spelling import Spelling
 from ...fxutil.dialect import aten_op
+from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value, node_val
 
 __all__ = ["inplace_to_functional"]
@@ -22,7 +23,7 @@ __all__ = ["inplace_to_functional"]
 def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """``aten.add_.Tensor`` -> ``aten.add.Tensor``: same name without ``_``, same arguments,
     nothing written."""
-    schema = op._schema
+    schema = schema_of(op)
     packet_name = op.__name__.split(".")[0]  # the name without its namespace and overload
     if not packet_name.endswith("_") or packet_name.endswith("__"):
         return None
@@ -33,7 +34,7 @@ def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | N
     overload = getattr(packet, op._overloadname, None) if packet is not None else None
     if overload is None:
         return None
-    functional = overload._schema
+    functional = schema_of(overload)
     if functional.is_mutable or len(functional.arguments) != len(schema.arguments):
         return None
     same = all(

@@ -14,6 +14,7 @@ from ...edit.alias import lay_out_args
 from ...edit.editor import allow, new_node_meta, notify
 from ...edit.spelling import Spelling
 from ...fxutil.dialect import aten_op
+from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value, node_val
 
 __all__ = ["scalar_to_tensor"]
@@ -33,19 +34,19 @@ def _tensor_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
 def _tensor_overload_among(
     op: torch._ops.OpOverload, names: tuple[str, ...]
 ) -> torch._ops.OpOverload | None:
-    args = op._schema.arguments
+    args = schema_of(op).arguments
     packet = op.overloadpacket
     for name in names:
         other = getattr(packet, name)
-        theirs = other._schema.arguments
-        if other is op or len(theirs) != len(args) or other._schema.is_mutable:
+        theirs = schema_of(other).arguments
+        if other is op or len(theirs) != len(args) or schema_of(other).is_mutable:
             continue
         fits = all(
             a.name == b.name
             and (str(a.type) == str(b.type) or (str(a.type), str(b.type)) in _SCALAR_TO_TENSOR)
             for a, b in zip(args, theirs)
         )
-        if fits and len(other._schema.returns) == len(op._schema.returns):
+        if fits and len(schema_of(other).returns) == len(schema_of(op).returns):
             return other
     return None
 
@@ -73,10 +74,10 @@ def _bind(node: fx.Node, old: torch.FunctionSchema, new: torch.FunctionSchema):
 
 def _numbers(target: torch._ops.OpOverload, args: list, kwargs: dict) -> list[str]:
     """The ``Tensor`` arguments of ``target`` that ``args`` / ``kwargs`` pass numbers in."""
-    named = dict(zip((a.name for a in target._schema.arguments), args)) | kwargs
+    named = dict(zip((a.name for a in schema_of(target).arguments), args)) | kwargs
     return [
         a.name
-        for a in target._schema.arguments
+        for a in schema_of(target).arguments
         if str(a.type) == "Tensor" and isinstance(named.get(a.name), _NUMBER)
     ]
 
@@ -97,7 +98,7 @@ def _convert(
     )
     if like is None:
         return False
-    positions = {a.name: i for i, a in enumerate(target._schema.arguments)}
+    positions = {a.name: i for i, a in enumerate(schema_of(target).arguments)}
     made = []
     for name in names:
         i = positions[name]
@@ -162,7 +163,7 @@ def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bo
             continue
         if switch_overloads:
             target = _tensor_overload(target) or target
-        args, kwargs = _bind(node, original._schema, target._schema)
+        args, kwargs = _bind(node, schema_of(original), schema_of(target))
         names = _numbers(target, args, kwargs)
         if names and allow() and _convert(node, target, args, kwargs, names, spell):
             if target is not original:
