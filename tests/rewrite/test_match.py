@@ -22,7 +22,7 @@ from fxpass.rewrite._state import MatchState
 from fxpass.rewrite.compile import compile_rule
 from fxpass.rewrite.explain import Explainer, explain, explain_at
 from fxpass.rewrite.interpret import Interpreter
-from fxpass.rewrite.match import Matcher, attempt, match_at
+from fxpass.rewrite.match import Matcher, attempt
 from fxpass.rewrite.region import lazy_order
 from fxpass.rewrite.torchlike import TorchMatching
 
@@ -313,5 +313,5 @@ def test_the_four_matchers_agree_on_a_name_bound_to_equal_literals_of_two_nodes(
         Rule(P(aten.add.Tensor, inner, P.const("k")), lambda **b: None, name="const"),
         Rule(P(aten.add.Tensor, inner, P.scalar("k")), lambda **b: None, name="scalar"),
     ]
-    assert [r.name for r in twice if any(match_at(r, n) for n in g.nodes)] == ["const", "scalar"]
+    assert [r.name for r in twice if any(r.match(n) for n in g.nodes)] == ["const", "scalar"]
     _agree(gm, twice)

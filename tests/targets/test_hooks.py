@@ -112,7 +112,9 @@ def test_bad_environment_entries_point_at_their_column(text, at, message):
 def test_config_files_and_their_errors(tmp_path):
     good = tmp_path / "p.json"
     good.write_text(json.dumps({"pipelines": {"x": {"hook": "aot", "spec": "cse"}}}))
-    assert load_pipelines(good) == [Placement("x", "aot", "cse")]
+    [placed] = load_pipelines(good)  # the spec read once, kept as the pipeline it reads as
+    assert (placed.name, placed.hook, str(placed.pipeline)) == ("x", "aot", "cse")
+    assert isinstance(placed.pipeline, fp.Pipeline)
     cases = {
         "nohook.json": ({"pipelines": {"x": {"spec": "cse"}}}, "has the keys hook and spec"),
         "badhook.json": ({"pipelines": {"x": {"hook": "late", "spec": "cse"}}}, "unknown hook"),

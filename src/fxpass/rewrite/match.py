@@ -22,8 +22,7 @@ from ..fxutil.dialect import aten_op, spellings
 from ._state import MISSING, MatchState
 from .compile import CompiledMatcher, compile_rule
 from .interpret import Interpreter
-from .region import Match, lazy_order
-from .rule import Rule
+from .region import Match, MatchedRule, lazy_order
 from .spelling import OpOverload, OpOverloadPacket
 
 #: ``MatchState`` (a match in progress) and ``MISSING`` are part of the interface: a matcher
@@ -55,7 +54,7 @@ class RuleStats:
         }
 
 
-def compiled(rule: Rule) -> CompiledMatcher | None:
+def compiled(rule: MatchedRule) -> CompiledMatcher | None:
     """The rule's compiled matcher, generated on first use (None: it needs the interpreter)."""
     c = rule._compiled
     if c is MISSING:
@@ -63,7 +62,7 @@ def compiled(rule: Rule) -> CompiledMatcher | None:
     return c
 
 
-def attempt(rule: Rule, node: Node, st: MatchState, interp: Interpreter = _PLAIN) -> bool:
+def attempt(rule: MatchedRule, node: Node, st: MatchState, interp: Interpreter = _PLAIN) -> bool:
     """Try ``rule`` rooted at ``node``; on success ``st.found`` holds the match."""
     st.reset()
     st.roots = [node]
@@ -77,7 +76,7 @@ def attempt(rule: Rule, node: Node, st: MatchState, interp: Interpreter = _PLAIN
 
 
 def match_at(
-    rule: Rule, node: Node, *, order: Any = None, interp: Interpreter = _PLAIN
+    rule: MatchedRule, node: Node, *, order: Any = None, interp: Interpreter = _PLAIN
 ) -> Match | None:
     """The match of ``rule`` at ``node`` (no index consulted), or None."""
     st = MatchState(order=order if order is not None else lazy_order(node.graph))
@@ -90,7 +89,7 @@ class Matcher:
     ``interp``: how to match (default: plainly, compiled where possible); e.g.
     :class:`~fxpass.rewrite.torchlike.TorchMatching` for torch's rules."""
 
-    def __init__(self, rules: Sequence[Rule], interp: Interpreter | None = None) -> None:
+    def __init__(self, rules: Sequence[MatchedRule], interp: Interpreter | None = None) -> None:
         self.rules = list(rules)
         self.interp = interp or _PLAIN
         # call_function targets are filed by id(): OpOverload.__hash__ is Python code.
@@ -108,7 +107,7 @@ class Matcher:
                     key = id(key)
                 self._by_key.setdefault(key, []).append(i)
         self._has_packets = any(isinstance(t, OpOverloadPacket) for t in self._targets.values())
-        self._cache: dict[Any, tuple[Any, tuple[Rule, ...]]] = {}
+        self._cache: dict[Any, tuple[Any, tuple[MatchedRule, ...]]] = {}
         self.stats: dict[str, RuleStats] = {r.name: RuleStats() for r in self.rules}
 
     def wanted(self) -> set | None:
@@ -129,7 +128,7 @@ class Matcher:
         for s in self.stats.values():
             s.__init__()
 
-    def rules_for(self, node: Node) -> tuple[Rule, ...]:
+    def rules_for(self, node: Node) -> tuple[MatchedRule, ...]:
         """The rules that may match at ``node`` (by its op), in priority order."""
         op = node.op
         target = node.target
@@ -163,7 +162,7 @@ class Matcher:
         return None
 
     def matches(
-        self, rules: Sequence[Rule], node: Node, st: MatchState
+        self, rules: Sequence[MatchedRule], node: Node, st: MatchState
     ) -> Iterator[tuple[Match, RuleStats]]:
         """(match, the rule's stats) for each of ``rules`` that matches at ``node``, in
         order; every rule tried is timed and counted. The driver takes the first match it

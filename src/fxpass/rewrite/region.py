@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from torch import fx
 from torch.fx import Node
@@ -19,9 +19,27 @@ from torch.fx import Node
 from ..fxutil.dialect import aten_op
 from ._state import MatchState
 from .order import TopoOrder, find_cycle
-from .rule import Rule
 
-__all__ = ["Failure", "Match", "complete", "seen_through"]
+__all__ = ["Failure", "Match", "MatchedRule", "complete", "seen_through"]
+
+
+class MatchedRule(Protocol):
+    """What matching needs of a rule. :class:`~fxpass.rewrite.Rule` is the rule there is; it
+    sits above the matchers (its ``match`` calls :func:`~fxpass.rewrite.match.match_at`), so
+    they know it by this shape only."""
+
+    name: str
+    pattern: Any
+    roots: Any
+    outputs: Any
+    contained: Any
+    drop_users: Any
+    where: Any
+    _compiled: Any  # the compiled matcher, made on first use (rewrite/match.py)
+
+    def where_holds(self, env: dict[str, Any]) -> bool: ...
+
+    def index_keys(self) -> frozenset | None: ...
 
 
 @dataclass
@@ -36,7 +54,7 @@ class Match:
     the graph (erased once nothing uses them).
     """
 
-    rule: Rule
+    rule: MatchedRule
     root: Node
     bindings: dict[str, Any]
     nodes: list[Node]
@@ -77,7 +95,7 @@ class Failure(NamedTuple):
     detail: Any = None
 
 
-def complete(rule: Rule, st: MatchState) -> Match | Failure:
+def complete(rule: MatchedRule, st: MatchState) -> Match | Failure:
     """The match of ``rule`` whose structure ``st`` holds, or the check it fails."""
     env = st.env
     roots = st.roots

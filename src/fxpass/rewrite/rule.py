@@ -25,11 +25,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.fx import Node
 
 from ..edit.location import caller_location, short
 from ._state import MISSING
+from .match import match_at
 from .pattern import P as _Op
 from .pattern import Pattern, mark_shared
+from .region import Match
 
 __all__ = ["DROPPABLE_USERS", "Rule", "as_rule"]
 
@@ -156,7 +159,11 @@ class Rule:
     def __repr__(self) -> str:
         return f"Rule({self.name!r}, {self.pattern!r}, at {short(self.location)})"
 
-    # ----- matching (matchers call it; see fxpass.rewrite.match) ------------------------
+    # ----- matching (see fxpass.rewrite.match) ------------------------------------------
+    def match(self, node: Node, *, order: Any = None) -> Match | None:
+        """The :class:`~fxpass.rewrite.Match` of this rule rooted at ``node``, or None."""
+        return match_at(self, node, order=order)
+
     def where_holds(self, env: dict[str, Any]) -> bool:
         """Whether the rule's ``where`` accepts these bindings (it may raise)."""
         names, takes_all = self._where_params
