@@ -221,8 +221,8 @@ class FakeResults:
     """What ops computed on fake inputs, by the inputs' metadata (static shapes only).
 
     >>> cache = FakeResults()                                   # doctest: +SKIP
-    >>> out = cache.get(op, args, kwargs, mode)                 # None: not known
-    >>> if out is None: out = cache.put(op, args, kwargs, op(*args, **kwargs))
+    >>> out = cache.get(op, args, kwargs, mode)                 # None: not known  # doctest: +SKIP
+    >>> if out is None: out = cache.put(op, args, kwargs, op(*args, **kwargs))  # doctest: +SKIP
 
     A hit is a *fresh* fake tensor (its own storage) with the remembered sizes, strides,
     dtype, device and ``requires_grad``. Never cached: ops that alias an input; calls with a

@@ -1,13 +1,19 @@
 """The pattern language: what a rule looks for in an FX graph, written as data.
 
+>>> import torch
 >>> from fxpass.rewrite import P
 >>> aten = torch.ops.aten
 >>> x = P.var("x")
 >>> P(aten.mul.Tensor, x, 1)                          # x * 1 (either operand order)
+aten.mul.Tensor(x, 1)
 >>> P(aten.pow.Tensor_Scalar, x, P.const("e", float)) # any float exponent, captured as ``e``
+aten.pow.Tensor_Scalar(x, const(e))
 >>> P({aten.rsqrt.default, torch.rsqrt, "rsqrt"}, x)  # an op set: ATen, torch-level, method
+{.rsqrt(), aten.rsqrt.default, torch.rsqrt}(x)
 >>> P.cast(x, torch.float32, optional=True)           # x, or x converted to float32
+(cast[torch.float32](x, ...) | x)
 >>> P(aten._to_copy.default, x, ...)                  # ``...``: the remaining arguments are free
+aten._to_copy.default(x, ...)
 
 Building blocks:
 

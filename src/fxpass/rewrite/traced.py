@@ -1,5 +1,6 @@
 """Traced patterns: a pattern and its replacement written as ordinary PyTorch functions.
 
+>>> import torch
 >>> from fxpass.rewrite import traced_rule
 >>> def pattern(x, residual, weight, eps):
 ...     s = x + residual
@@ -9,7 +10,10 @@
 >>> def replacement(x, residual, weight, eps):
 ...     out = torch.ops.fxpass.fused_add_rmsnorm(x, residual, weight, eps)
 ...     return out[0], out[1]
+>>> example_inputs = (torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), 1e-6)
 >>> rule = traced_rule(pattern, replacement, example_inputs, ir="aten")
+>>> rule.pattern                     # eps is a wildcard, captured as ``eps``
+aten.mul.Tensor(weight, aten.mul.Tensor(aten.add.Tensor(x, residual)..., const(eps)))))
 
 Both functions are traced once, with the example inputs, into the same IR as the graph the
 rule will run on — patterns only match graphs of their own dialect:

@@ -143,7 +143,7 @@ def program_context() -> ProgramContext | None:
     """The ExportedProgram the passes now running belong to (None for a plain GraphModule).
 
     >>> ctx = program_context()                       # doctest: +SKIP
-    >>> if ctx is not None and ctx.input_spec(node).kind == InputKind.PARAMETER:
+    >>> if ctx is not None and ctx.input_spec(node).kind == InputKind.PARAMETER:  # doctest: +SKIP
     ...     weight = ctx.value(node)                  # the real tensor
     """
     return _ACTIVE.get()
