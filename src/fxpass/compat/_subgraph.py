@@ -22,8 +22,9 @@ from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalM
 from ..fxutil.fx import pytree_info, set_pytree_info
 from ..rewrite._state import MISSING, MatchState
 from ..rewrite.interpret import Cont
+from ..rewrite.leaves import Lit, Pattern, Seq, Var, mark_shared
 from ..rewrite.order import TopoOrder, find_cycle
-from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, mark_shared
+from ..rewrite.pattern import P
 from ..rewrite.spelling import Module
 from ..rewrite.torchlike import TorchMatching
 

@@ -39,8 +39,9 @@ from ..fxutil.views import view_base_name
 from ._state import MISSING, MatchState
 from .constraint import constant_number, fn_name, lit_eq, show
 from .interpret import Cont, Interpreter, always, is_a, strict_ok
+from .leaves import AnyOf, Pattern
 from .match import attempt
-from .pattern import AnyOf, P, Pattern
+from .pattern import P
 from .region import Failure, complete, lazy_order
 from .rule import Rule, as_rule
 from .spelling import CAST_OPS, node_key, op_name

@@ -34,9 +34,9 @@ from torch.fx import Node
 
 from ..edit.location import caller_location, short
 from ._state import MISSING
+from .leaves import Pattern, mark_shared
 from .match import match_at
 from .pattern import P as _Op
-from .pattern import Pattern, mark_shared
 from .region import Match
 
 __all__ = ["DROPPABLE_USERS", "Rule", "as_rule"]

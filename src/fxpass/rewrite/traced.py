@@ -53,7 +53,8 @@ from torch.fx.node import map_aggregate
 
 from ..core.errors import FxpassError
 from ..edit.location import caller_location
-from .pattern import Const, P, Pattern, Var
+from .leaves import Const, Pattern, Var
+from .pattern import P
 from .rule import Rule
 
 __all__ = ["IRS", "Replacement", "TraceError", "pattern_from_graph", "trace", "traced_rule"]

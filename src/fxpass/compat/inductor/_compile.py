@@ -25,7 +25,7 @@ from torch.fx import Node
 
 from ...core.errors import FxpassError
 from ...rewrite import Rule
-from ...rewrite.pattern import AnyOf, Pattern, Seq, Through, Var
+from ...rewrite.leaves import AnyOf, Pattern, Seq, Through, Var
 from ...rewrite.pattern import P as _P
 from ._exprs import (
     Arg,
