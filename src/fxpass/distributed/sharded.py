@@ -213,9 +213,9 @@ class ShardedPrograms(Sequence):
 # ----- the strategies, as passes over one plan ------------------------------------------------
 @dataclass
 class Strategy:
-    """A parallelism the plan can ask for: ``prepare(stage program, plan, experts)`` follows
-    the plan once for a stage (None: nothing to do there), ``rewrite(prepared, rank,
-    mesh)`` gives the pass each rank runs."""
+    """A parallelism the plan can ask for: ``prepare(stage program, plan, experts, staged)``
+    follows the plan once for a stage (None: nothing to do there), ``rewrite(prepared, rank,
+    mesh, group)`` gives the pass each rank runs."""
 
     name: str
     prepare: Callable[..., Any]
@@ -244,7 +244,7 @@ def _expert_pass(script: ExpertScript, rank: int, mesh: Mesh, group: str) -> Any
 
 
 #: The strategies, in the order their passes run on each rank. Pipeline parallelism is
-#: the cut into stages before them (:mod:`.pipeline`); sequence parallelism and the
+#: the cut into stages before them (:mod:`.stages`); sequence parallelism and the
 #: collective fusion are the plan's options, run after them.
 STRATEGIES = [
     Strategy("tensor_parallel", _prepare_tensor, _tensor_pass),
