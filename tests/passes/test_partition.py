@@ -137,3 +137,17 @@ def test_each_new_fusion_is_one_change_event_in_the_order_made():
     assert getters and all(g.meta["from_node"][0].pass_name == "partition" for g in getters)
     # what else changed is the reorder the fusions made necessary, told as one change
     assert [e.kind for e in record.events if e not in fusions] in ([], ["modify"])
+
+
+@pytest.mark.parametrize("mode", ["module", "delegate"])
+def test_every_node_it_inserts_carries_provenance_and_the_declaration_holds(mode):
+    from fxpass.verify.invariants import keeps_metadata
+
+    ep, args, expected = exported_with_args()
+    pipe = fp.Pipeline.parse(f'partition{{support="{SUPPORT}" mode={mode}}}')
+    pipe.add_checks(keeps_metadata())  # partition keeps stack_trace and provenance
+    pipe.run(ep.graph_module)
+    made = [n for n in ep.graph_module.graph.nodes if "fxpass_provenance" in n.meta]
+    assert {n.op for n in made} >= {"call_module" if mode == "module" else "get_attr"}
+    assert all(n.meta["from_node"][0].pass_name == "partition" for n in made)
+    assert_same(ep.graph_module(*args), expected)

@@ -37,6 +37,9 @@ __all__ = ["partition"]
         "partitions": "partitions fused into one call each",
         "nodes": "nodes moved into the fused submodules",
     },
+    # the calls and their getitems: provenance naming what they replaced, the stack traces
+    # of the nodes moved (a value or module stack for the call is not always there to keep)
+    keeps=("stack_trace", "provenance"),
 )
 def partition(
     gm: fx.GraphModule,
