@@ -30,7 +30,7 @@ from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
 from .core.registry import register
 from .core.report import PassRecord, Report
 from .core.version import __version__
-from .distributed import shard
+from .distributed import pipeline_stages, shard
 from .html import HtmlReport
 from .interpret import InterpreterPass
 from .partition import (
@@ -100,6 +100,7 @@ __all__ = [
     "instrumented",
     "parse_support",
     "piecewise",
+    "pipeline_stages",
     "register",
     "registry",
     "rewrite",

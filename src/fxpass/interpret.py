@@ -250,7 +250,7 @@ class InterpreterPass(Pass):
         if self._sample is not None and index < len(self._sample):
             value = self._sample[index]
             if isinstance(value, torch.Tensor):
-                return self._mode.from_tensor(value)
+                return self._mode.from_tensor(value, static_shapes=True)
             return value
         raise ValueError(
             f"{type(self).__name__}: input '{node.name}' has no meta['val'] and the run has no "
@@ -412,7 +412,7 @@ class InterpreterPass(Pass):
         with where:
             node = self._build.create(self._graph, "get_attr", name)
         self._last_constant = node
-        node.meta["val"] = self._mode.from_tensor(value)
+        node.meta["val"] = self._mode.from_tensor(value, static_shapes=True)
         return node
 
     def _fake_run(self, kind: str, target: Any, args, kwargs, old: fx.Node | None) -> Any:

@@ -87,6 +87,32 @@ def test_real_tensors_become_fake_in_the_evaluators_mode(gm):
     assert evaluator.run(aten.add.Tensor, value[:1] * 2).shape == (2,)
 
 
+def test_a_real_tensor_made_fake_in_a_programs_mode_has_static_sizes():
+    # A symbolic size from a tensor with no source lands in the program's shape env, and
+    # any guard on it then names '__meta_utils_unknown_tensorN' in the guards function of
+    # every ExportedProgram rebuilt from the graph, so its .module() fails to run.
+    ep = _models.exported()
+    evaluator = FakeEvaluator.for_graph(ep.graph_module)
+    env = evaluator.mode.shape_env
+    before = dict(env.var_to_sources)
+    fake = evaluator.fake(torch.randn(5, 7))
+    with evaluator.mode:
+        assert fake.reshape(35).shape == (35,)
+    assert all(isinstance(size, int) for size in fake.shape)
+    assert env.var_to_sources == before
+    rebuilt = torch.export.ExportedProgram(
+        ep.graph_module,
+        ep.graph_module.graph,
+        ep.graph_signature,
+        ep.state_dict,
+        ep.range_constraints,
+        ep.module_call_graph,
+        ep.example_inputs,
+        constants=ep.constants,
+    )
+    rebuilt.module()(*ep.example_inputs[0])
+
+
 def test_fake_value_is_the_evaluator_on_nodes(gm):
     mm = _mm(gm)
     assert same_value(fake_value(mm.target, mm.args, mm.kwargs), node_val(mm), grad=False)

@@ -6,13 +6,14 @@ import json
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+
+from ..fxutil import files
 
 # Exit codes (documented in `fxpass --help` and docs/cli.md).
 OK = 0
@@ -88,29 +89,15 @@ def check_writable(path: str | os.PathLike, what: str) -> Path:
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[str], Any], what: str) -> Path:
-    """Write through ``write(tmp_path)`` to a temporary file, then rename it into place;
-    returns the absolute path written (what the commands print)."""
+    """Write through ``write(tmp_path)`` to a temporary file, then rename it into place
+    (:func:`fxpass.fxutil.files.write_atomic`); returns the absolute path written (what the
+    commands print). A failure to write is one line, exit 5."""
     path = check_writable(path, what)
-    # The temporary name keeps the suffix: torch.export.save wants a name ending in .pt2.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp.", suffix=path.suffix)
-    os.close(fd)
     try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
+        files.write_atomic(path, write)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}", WRITE) from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path.absolute()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # ----- the one import rule: --import MODULE and $FXPASS_IMPORT, on every command that loads --

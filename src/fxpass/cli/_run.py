@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..fxutil.messages import first_line
 from ._targets import Target
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def parse_pipeline(spec: str | None) -> Any:
 
 
 def spec_error_line(e: Any) -> str:
-    message = getattr(e, "message", None) or str(e).splitlines()[0]
+    message = getattr(e, "message", None) or first_line(e)
     spec, column = getattr(e, "spec", ""), getattr(e, "column", 0)
     where = f" at column {column} of '{spec}'" if spec else ""
     return f"bad pipeline spec{where}: {message}"
@@ -70,9 +71,10 @@ def evaluate(program: Any, target: Target) -> list[Any]:
     return run_graph(program, user_inputs(target))
 
 
-def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
-    """``program``'s outputs computed in float32 where it uses bf16/fp16 (or None): the
-    yardstick that tells rounding from wrong rewrites (see ``compare_outputs``)."""
+def evaluate_promoted(program: Any, target: Target) -> Any:
+    """``program``'s outputs computed in float32 where it uses bf16/fp16 (or None, or why
+    that run failed): the yardstick that tells rounding from wrong rewrites (see
+    ``run_graph_promoted``, ``compare_outputs``)."""
     import torch
 
     from ..verify.compare import run_graph_promoted

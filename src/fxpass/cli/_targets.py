@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.imports import resolve_import
+from ..fxutil.messages import error_summary
 from ..targets.pt2 import Pt2Error, _quiet, load, stand_in_types
 from ._common import LOAD, USAGE, CliError, import_allowed, stderr
 
@@ -116,10 +117,7 @@ def _load_python(ref: str, decompose: bool) -> Target:
                 if decompose:
                     ep = ep.run_decompositions()
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise CliError(
-                f"cannot export the model from {ref}: {type(e).__name__}: {first}", LOAD
-            ) from e
+            raise CliError(f"cannot export the model from {ref}: {error_summary(e)}", LOAD) from e
         return Target(ref, "python", ep, list(inputs))
     raise CliError(
         f"TARGET function {ref} returned {type(made).__name__}; it must return "

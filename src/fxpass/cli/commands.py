@@ -11,6 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from ..fxutil.messages import first_line
 from ._common import (
     FAILED,
     LOAD,
@@ -248,7 +249,7 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     except PassFailedError as e:
         report = getattr(e, "report", None)
         if as_json:
-            emit_json({"ok": False, "error": str(e).splitlines()[0], "exit_code": FAILED,
+            emit_json({"ok": False, "error": first_line(e), "exit_code": FAILED,
                        "report": report.to_dict() if report else None})  # fmt: skip
         raise
     final = None
@@ -460,7 +461,7 @@ def repro(path: str, spec: str | None, imports: tuple[str, ...]) -> None:
         except PassFailedError:
             raise
         except FxpassError as e:
-            raise CliError(str(e).splitlines()[0], LOAD) from e
+            raise CliError(first_line(e), LOAD) from e
         stdout().print(result.report)
         stdout().print("the failure did not reproduce: the pipeline ran cleanly")
         return

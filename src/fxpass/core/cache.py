@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..fxutil.files import write_atomic
 from ..fxutil.fx import refill_graph
+from ..fxutil.messages import error_summary, first_line
 from ..fxutil.paths import find_path
 from ..fxutil.values import fake_value, node_val, returns_alias, same_value
 from .contract import Pass
@@ -178,8 +179,9 @@ class _Invalid(Exception):
 
 
 def _why(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text if isinstance(e, (_Invalid, GraphFileError)) else f"{type(e).__name__}: {text}"
+    if isinstance(e, (_Invalid, GraphFileError)):  # its message says what is wrong
+        return first_line(e) or type(e).__name__
+    return error_summary(e)
 
 
 def _read_entry(path: Path, key: str) -> dict[str, Any]:
@@ -220,14 +222,7 @@ def _write_json(path: Path, data: Any) -> None:
     """``data`` as JSON after a checksum line; the file appears whole or not at all."""
     body = json.dumps(data, sort_keys=True).encode()
     payload = b"sha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, payload)
 
 
 def _tree(p: Pass) -> list[Pass]:

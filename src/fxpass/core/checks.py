@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import fx
 
+from ..fxutil.messages import first_line
 from .analysis_manager import PreservedAnalysisError
 from .context import PassContext
 from .contract import Pass
@@ -67,7 +68,7 @@ def after_leaf(
                 raise CheckFailedError(p.name, "preserved analyses", state.ran, cause)
     except CheckFailedError as e:
         record.status = "failed"
-        record.error = str(e).split("\n", 1)[0]
+        record.error = first_line(e)
         for inst in ctx.instruments:
             inst.on_failure(record, gm, e, ctx)
         raise

@@ -29,6 +29,7 @@ __all__ = [
     "DebugCounter",
     "PassContext",
     "current_context",
+    "detached",
     "scoped",
     "stat",
 ]
@@ -173,6 +174,13 @@ def _activate(ctx: PassContext) -> Iterator[PassContext]:
     are asked through, for the block."""
     with scoped(_CURRENT, ctx), listening(ctx), managing(ctx.analyses):
         yield ctx
+
+
+def detached() -> contextlib.AbstractContextManager[None]:
+    """Leave the pipeline run in progress for the ``with`` block: a pipeline run inside it is
+    a run of its own (its own rollback, checks and report), not a part of the outer one.
+    For code that, from inside a pass, transforms an unrelated graph with a pipeline."""
+    return scoped(_CURRENT, None)
 
 
 def stat(name: str, value: float = 1) -> None:

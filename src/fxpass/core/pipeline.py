@@ -41,6 +41,7 @@ from typing import Annotated, Any
 
 from torch import fx
 
+from ..fxutil.messages import first_line
 from .checks import Check, after_leaf, run_checks, watch
 from .context import DebugCounter, PassContext, _activate, current_context, scoped
 from .contract import Pass, PassResult, as_pass, hooks
@@ -317,7 +318,7 @@ class Pipeline(Pass):
             root.seconds = time.perf_counter() - t0
             root.status = "failed"
             root.nodes_after = len(gm.graph.nodes)
-            report.error = str(err).split("\n", 1)[0]
+            report.error = first_line(err)
             if edited:
                 err.args = (
                     f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
@@ -493,7 +494,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
     except PassFailedError as e:
         record.seconds += time.perf_counter() - t0
         record.status = "failed"
-        record.error = record.error or str(e).split("\n", 1)[0]
+        record.error = record.error or first_line(e)
         raise
     except Exception as e:
         record.seconds += time.perf_counter() - t0

@@ -21,7 +21,6 @@ import importlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..edit.editor import Editor
+from ..fxutil.files import write_atomic
 from ..fxutil.fx import make_lazy_module, pytree_info, set_pytree_info
 from .errors import FxpassError
 
@@ -66,7 +66,7 @@ def _encode_target(target: Any) -> Any:
             try:
                 if _resolve_callable(ref) is target:
                     return {"py": ref}
-            except Exception:
+            except Exception:  # broad: not this name; the error below says what can be saved
                 pass
     raise GraphFileError(
         f"cannot save a call to {target!r}: only torch ops and functions from torch, operator, "
@@ -396,15 +396,7 @@ def save_graph(
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
 def load_graph(

@@ -20,7 +20,7 @@ from torch.fx._lazy_graph_module import (
     _make_graph_module,
     _use_lazy_graph_module,
 )
-from torch.fx.graph import _FindNodesLookupTable
+from torch.fx.graph import _FindNodesLookupTable, _Namespace
 from torch.fx.node import _get_qualified_name, map_arg
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "pytree_info",
     "qualified_name",
     "refill_graph",
+    "relink_as_copied",
     "release_name",
     "rename_node",
     "set_args_kwargs",
@@ -233,6 +234,43 @@ def graph_stamp(graph: fx.Graph) -> tuple[int, int]:
 def graph_structure(graph: fx.Graph) -> list[tuple]:
     """Every node with its name, op, target and argument objects, for cheap comparison."""
     return [(n, n.name, n.op, n.target, n._args, n._kwargs) for n in graph.nodes]
+
+
+def relink_as_copied(graph: fx.Graph, order: list[fx.Node]) -> bool:
+    """Put all of ``graph``'s nodes in ``order`` and leave the graph as copying them node by
+    node into a new ``fx.Graph()`` in that order (``Graph.node_copy``) would have made it:
+    each node's users in creation order, a namespace and a ``find_nodes`` table filled in
+    that order, a new graph's tracer and code fields. The nodes stay the same objects.
+
+    False, with nothing changed, when a copy would have renamed a node.
+    """
+    namespace, table = _Namespace(), _FindNodesLookupTable()
+    for n in order:
+        if namespace.create_name(n.name, None) != n.name:
+            return False
+        namespace.associate_name_with_obj(n.name, n)
+        table.insert(n)
+    prev = None
+    for n in order:  # the list: each node right after the one before it
+        if prev is None:
+            first = graph._root._next
+            if first is not n:
+                first.prepend(n)
+        elif prev._next is not n:
+            prev.append(n)
+        prev = n
+    for n in order:  # users: a copy adds each user when it creates it
+        n.users.clear()
+    for n in order:
+        for used in n._input_nodes:
+            used.users[n] = None
+    graph._graph_namespace = namespace
+    graph._find_nodes_lookup_table = table
+    graph._used_names = {}
+    graph._tracer_cls = None
+    graph._tracer_extras = None
+    graph._co_fields = {}
+    return True
 
 
 def _none(_: fx.Node) -> None:

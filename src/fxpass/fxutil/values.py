@@ -39,6 +39,8 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils import _pytree as pytree
 
+from .messages import error_summary
+
 __all__ = [
     "FAKE_RESULTS",
     "FakeEvaluator",
@@ -361,7 +363,7 @@ class FakeEvaluator:
 
         def convert(v: Any) -> Any:
             if isinstance(v, torch.Tensor) and not _is_fake(v):
-                return mode.from_tensor(v)
+                return mode.from_tensor(v, static_shapes=True)
             return v
 
         return value if mode is None else pytree.tree_map(convert, value)
@@ -398,7 +400,7 @@ class FakeEvaluator:
                         out = getattr(args[0], target)(*args[1:], **kwargs)
                     else:
                         out = target(*args, **kwargs)
-        except Exception as e:
+        except Exception as e:  # broad: _failed raises it, or records it as the strictness says
             return self._failed(e, target, node)
         return cache.put(target, args, kwargs, out) if cache is not None else out
 
@@ -461,7 +463,7 @@ class FakeEvaluator:
                 raise ValueError(f"{self.owner}: cannot run {target} on fake values{where}: {e}")
             e.add_note(f"({self.owner}: while running {target} on fake values{where})")
             raise e
-        line = f"{target}{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        line = f"{target}{where}: {error_summary(e)}"
         self.failures.append(line)
         _LOG.debug("%s: no fake value: %s", self.owner, line)
         return None

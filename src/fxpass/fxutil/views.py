@@ -270,7 +270,7 @@ def _returns_view(op: Any, args_key: tuple, kwargs_key: tuple) -> bool | None:
     kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
     try:
         out = op(*args, **kwargs)
-    except Exception:  # the op refuses this layout, or has no meta kernel
+    except Exception:  # broad: the op refuses this layout, or has no meta kernel: cannot tell
         return None
     outs = [
         o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, torch.Tensor)

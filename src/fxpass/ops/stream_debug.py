@@ -349,7 +349,7 @@ class StreamDebug(TorchDispatchMode):
         try:
             with mode:
                 out = func(*fake_args, **fake_kwargs)
-        except Exception:  # data-dependent output shapes, ops without fake kernels
+        except Exception:  # broad: data-dependent output shapes, no fake kernel: not checked
             return None
         leaves, spec = tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) for t in leaves):

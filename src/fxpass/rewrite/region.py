@@ -94,7 +94,7 @@ def complete(rule: Rule, st: MatchState) -> Match | Failure:
     if rule.where is not None:
         try:
             ok = rule.where_holds(env)
-        except Exception as e:
+        except Exception as e:  # broad: reported — a where that raises declines; explain says why
             return Failure("where", None, e)
         if not ok:
             return Failure("where")

@@ -46,6 +46,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.errors import FxpassError
 from ..core.imports import import_modules, op_registrars
+from ..fxutil.messages import error_summary
 
 __all__ = ["Pt2Error", "StandIn", "check_archive", "load", "stand_in_types"]
 
@@ -451,8 +452,7 @@ def _cause(e: BaseException, path: Path, allowed: Sequence[str]) -> Pt2Error:
     if op:
         return Pt2Error(_unknown_op_line(path, op.group(1)))
     root = chain[-1]
-    first = (str(root).strip().splitlines() or [""])[0][:300]
-    return Pt2Error(f"cannot load {path}: {type(root).__name__}: {first}")
+    return Pt2Error(f"cannot load {path}: {error_summary(root)}")
 
 
 def _unknown_op_line(path: Path, op: str) -> str:

@@ -198,7 +198,7 @@ def _val_problems(new: list[fx.Node], touched: list[fx.Node]) -> list[str]:
             continue
         try:
             computed = evaluator.rerun(n)
-        except Exception as e:
+        except Exception as e:  # broad: reported — among the problems, naming the node
             out.append(f"{_node(n)} no longer runs on its inputs' values ({type(e).__name__})")
             continue
         diff = _shape_difference(recorded, computed)

@@ -31,6 +31,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..fxutil.layout import format_layout, significant_strides
+from ..fxutil.messages import error_summary
 from ..fxutil.values import FakeEvaluator, Strictness
 
 __all__ = ["LayoutError", "check_layouts", "require_layouts"]
@@ -118,9 +119,8 @@ def _check_node(node: fx.Node, new_input: fx.Node | None) -> str | None:
     evaluator = FakeEvaluator(strictness=Strictness.DECLINE, cache=None, new_mode=False)
     try:
         computed = evaluator.rerun(node, value=_input_value)
-    except Exception as e:
-        what = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return f"{_describe(node, new_input)} no longer runs on its inputs ({what})"
+    except Exception as e:  # broad: reported — the layout problem says it no longer runs, why
+        return f"{_describe(node, new_input)} no longer runs on its inputs ({error_summary(e)})"
     if computed is None:
         return None
     diff = _first_difference(recorded, computed)

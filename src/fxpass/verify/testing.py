@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..fxutil.files import write_atomic
 from .compare import Comparison, compare_outputs, run_graph_promoted
 from .inputs import program_inputs
 from .invariants import keeps_metadata
@@ -263,8 +263,5 @@ def _check_snapshot(path: Path, text: str) -> list[str]:
             f"(set {UPDATE_ENV}=1 to accept the new graph):\n{shown}"
         ]
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
     return []

@@ -233,7 +233,7 @@ def _normalize(v: Node) -> tuple[tuple, dict] | None:
 
     try:
         pair = normalize_function(v.target, v.args, v.kwargs)
-    except Exception:
+    except Exception:  # broad: arguments no schema of the op takes match no argument list
         return None
     return None if pair is None else (tuple(pair.args), dict(pair.kwargs))
 

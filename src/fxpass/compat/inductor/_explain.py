@@ -148,7 +148,7 @@ def _check_failure(entry: PatternEntry, m: Match) -> str | None:
         if explain is not None:
             return explain(m)
         ok = entry.extra_check(m)
-    except Exception as e:
+    except Exception as e:  # broad: reported — the explanation says what the check raised
         return f"the check raised {type(e).__name__}: {e}"
     return None if ok else "extra_check returned False"
 

@@ -46,7 +46,7 @@ def _load_inductor() -> types.ModuleType:
     for info in pkgutil.walk_packages(passes.__path__, passes.__name__ + "."):
         try:
             importlib.import_module(info.name)
-        except Exception as e:  # an optional backend (mkldnn, distributed) missing here
+        except Exception as e:  # broad: its optional backend (mkldnn, distributed) is missing here
             log.debug("not importing %s: %s", info.name, e)
     return original
 

@@ -53,7 +53,7 @@ def same(p: Any, v: Any) -> bool:
         return False
     try:
         return not (v != p)  # noqa: SIM202 - Inductor's test is `!=` (1 == 1.0 == True)
-    except Exception:
+    except Exception:  # broad: values that cannot be compared (tensors) are not the same
         return False
 
 
@@ -245,7 +245,7 @@ class InductorMatching(Interpreter):
                 continue
             try:
                 want = leaf.fn(env)
-            except Exception as e:  # an input without meta['val']
+            except Exception as e:  # broad: reported — the miss says why (no meta['val'], ...)
                 return self.no(st, lambda e=e, leaf=leaf: f"cannot compute {leaf.text}: {e}")
             if not same_size(have, want):
                 return self.no(

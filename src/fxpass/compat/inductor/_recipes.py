@@ -220,8 +220,8 @@ class Guards:
 def _holds(guard: Any, sub: dict[Any, Any]) -> bool:
     try:
         result = guard.xreplace(sub)
-    except Exception:
-        return True
+    except Exception:  # broad: a guard that cannot be evaluated does not hold: the variant
+        return False  # traced for these very sizes (which needs no guard) is used instead
     return result is not sympy.false and result != sympy.false
 
 
