@@ -193,6 +193,25 @@ def test_collectives_carry_provenance_and_pass_the_metadata_check():
         assert node.meta["fxpass_provenance"]["replaced"]  # the node it serves
 
 
+def test_sharded_graphs_keep_what_tensor_and_sequence_parallelism_declare():
+    """Rank 1 sharded with sequence parallelism: each strategy held to its declaration
+    (values, stack traces, module stacks, provenance) by ``keeps_metadata``, and the graph
+    passes the metadata check: every node has its value, every inserted node from_node."""
+    from fxpass.verify.invariants import check_metadata, keeps_metadata
+
+    ep = exported(dtype=torch.float32, layers=1)
+    spec = "tensor_parallel{world_size=2,rank=1},sequence_parallel{world_size=2,rank=1}"
+    result = fp.apply(ep, fp.Pipeline.parse(spec).add_checks(keeps_metadata()))
+    gm = result.program.graph_module
+    assert check_metadata(gm) == []
+    made = [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+    passes = {n.meta["fxpass_provenance"]["pass"] for n in made}
+    assert passes == {"tensor_parallel", "sequence_parallel"}
+    assert count(gm, C10D.reduce_scatter_tensor.default) and all(
+        n.meta["from_node"] and n.meta.get("nn_module_stack") for n in made
+    )
+
+
 def test_every_collective_is_a_change_the_run_sees():
     changes = _Changes()
     ep = exported(dtype=torch.float32, layers=1)

@@ -121,6 +121,23 @@ def test_every_edit_goes_through_the_editor_with_provenance():
             assert rec.meta["from_node"][0].name == rec.prev.name
 
 
+def test_a_scheduled_graph_passes_the_metadata_check_and_keeps_what_multi_stream_declares():
+    """Every node of the scheduled graph has its value; every stream op carries torch's
+    from_node; multi_stream held to its declaration (values, source metadata, provenance,
+    stream assignments) by ``keeps_metadata`` after it runs."""
+    from fxpass.core.registry import REGISTRY
+    from fxpass.verify.invariants import check_metadata, keeps_metadata
+
+    gm, _ = original("moe")
+    before = set(check_metadata(gm))
+    pipe = fp.Pipeline.parse(SPEC).add_checks(keeps_metadata())
+    assert pipe.run(gm).modified
+    assert {"val", "stream", "provenance"} <= REGISTRY.create("multi_stream").keeps
+    assert set(check_metadata(gm)) <= before  # nothing new misses a value or from_node
+    ops = [n for n in gm.graph.nodes if is_stream_op(n)]
+    assert ops and all(n.meta["from_node"] and "fxpass_provenance" in n.meta for n in ops)
+
+
 @pytest.mark.parametrize("name", HF_MODELS)
 def test_a_copying_view_on_a_side_stream_is_recorded_after_it_runs(name):
     """The GQA repeat (reshape of an expand) copies: its event comes after it."""

@@ -19,6 +19,7 @@ from torch import fx
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalMatch
 
+from ..edit.editor import Editor
 from ..fxutil.fx import pytree_info, set_pytree_info
 from ..rewrite._state import MISSING, MatchState
 from ..rewrite.interpret import Cont
@@ -339,7 +340,8 @@ def _split_to_graph_and_name_node_map(gm: GraphModule) -> tuple[GraphModule, dic
                 raise AssertionError(
                     "Expecting the input graph to have a dict output as the last element"
                 )
-            n.args = (flattened,)
+            # the user's pattern graph, as torch edits it: no run watches it
+            Editor(None).set_args(n, (flattened,), rule="name_node_map")
             info = pytree_info(gm.graph)
             set_pytree_info(gm.graph, info.orig_args, info.in_spec, out_spec)
     gm.recompile()

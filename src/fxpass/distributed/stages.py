@@ -47,6 +47,7 @@ from torch.export.graph_signature import (
 )
 from torch.utils import _pytree as pytree
 
+from ..edit.editor import Editor
 from .plan import ShardError, Stage, plural
 from .sites import target_of
 
@@ -236,6 +237,7 @@ def _stage_program(
 ) -> ExportedProgram:
     ep = g.ep
     graph = fx.Graph()
+    build = Editor(None, "pipeline_stages")  # a new graph: no run watches it yet
     env: dict[fx.Node, fx.Node] = {}
     needed: set[fx.Node] = set()
     todo = [a for n in nodes for a in n.all_input_nodes] + list(sends)
@@ -247,14 +249,14 @@ def _stage_program(
     inputs, weights = [], []
     for node in ep.graph.nodes:
         if node.op == "placeholder" and node in needed:
-            ph = graph.placeholder(node.name)
+            ph = build.create(graph, "placeholder", node.name)
             ph.meta = dict(node.meta)
             env[node] = ph
             spec = g.weights[node.name]
             weights.append(InputSpec(spec.kind, TensorArgument(ph.name), spec.target,
                                      spec.persistent))  # fmt: skip
     for value in receives:
-        ph = graph.placeholder(value.name)
+        ph = build.create(graph, "placeholder", value.name)
         ph.meta = dict(value.meta)
         env[value] = ph
         inputs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(ph.name), None))
@@ -262,9 +264,9 @@ def _stage_program(
     for node in ep.graph.nodes:
         if node in env or not (node in body or (node in needed and node.op != "placeholder")):
             continue
-        env[node] = graph.node_copy(node, lambda a: env[a])
+        env[node] = build.copy(node, lambda a: env[a], into=graph)
     outs = [env[v] for v in sends]
-    graph.output(tuple(outs))
+    build.create(graph, "output", "output", (tuple(outs),))
     gm = fx.GraphModule(ep.graph_module, graph)
     signature = ExportGraphSignature(
         [*weights, *inputs],

@@ -43,6 +43,7 @@ __all__ = ["multi_stream"]
 
 @_builtin(
     "multi_stream",
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance", "stream"),
     statistics={
         "regions": "independent regions found",
         "regions_split": "regions the cost model put on several streams",
