@@ -10,7 +10,8 @@ import torch
 
 # tests/ for the shared _models, _hf, ...; tests/cli for cli_targets, the graphs and strict
 # rules that the CLI tests name on the command line and the rewrite tests import.
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "cli")]
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cli"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Every pipeline run in the tests checks the analyses its passes declare preserved: computed
 # again after each pass that changed the graph and compared (fxpass.core.analysis_manager).

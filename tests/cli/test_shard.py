@@ -138,7 +138,7 @@ def test_tp_ep_pp_is_the_python_equivalent(capsys, moe_pt2):
     program = torch.export.load(str(moe_pt2))
     same = fp.distributed.analyze(program, mesh=fp.distributed.Mesh(tp=2, ep=2, pp=2))
     assert same.decisions == plan.decisions and same.experts == plan.experts
-    assert plan.stages == fp.pipeline_stages(program, stages=2).stages
+    assert plan.stages == fp.distributed.pipeline_stages(program, stages=2).stages
 
 
 def test_report_draws_each_ranks_inserted_collectives(capsys, model_pt2, tmp_path):

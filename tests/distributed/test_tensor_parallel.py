@@ -172,7 +172,7 @@ def test_a_graph_module_with_weights_as_attributes():
         shards.save("unused")
 
 
-class _Changes(fp.Instrumentation):
+class _Changes(fp.core.Instrumentation):
     def __init__(self) -> None:
         self.events = []
 
@@ -227,7 +227,7 @@ def test_every_collective_is_a_change_the_run_sees():
 def test_the_debug_counter_stops_after_k_collectives():
     ep = exported(dtype=torch.float32, layers=1)
     result = fp.apply(ep, "tensor_parallel{world_size=2,rank=0}",
-                      debug_counter=fp.DebugCounter(count=2))  # fmt: skip
+                      debug_counter=fp.core.DebugCounter(count=2))  # fmt: skip
     gm = result.program.graph_module
     made = count(gm, C10D.all_reduce.default) + count(gm, C10D.all_gather_into_tensor.default)
     assert made == 2  # of 4: embedding, two row-parallel matmuls, the logits

@@ -27,7 +27,7 @@ def test_new_node_meta_records_what_torchs_node_source_records():
     assert prov["location"].startswith("test_editor.py:")
 
 
-class _Events(fp.Instrumentation):
+class _Events(fp.core.Instrumentation):
     def __init__(self):
         self.events = []
 
@@ -51,7 +51,7 @@ def test_a_library_pass_edits_through_the_editor_which_names_the_passs_line():
 def test_the_editor_asks_the_debug_counter_before_each_change():
     gm = torch.fx.symbolic_trace(_twice_relu)
     before = len(gm.graph.nodes)
-    fp.Pipeline(["cse"]).run(gm, debug_counter=fp.DebugCounter(count=0))
+    fp.Pipeline(["cse"]).run(gm, debug_counter=fp.core.DebugCounter(count=0))
     assert len(gm.graph.nodes) == before
     assert Editor(None).allow() and Editor(None).pass_name == "rewrite"
 
@@ -108,7 +108,7 @@ def test_a_debug_counter_bisects_inserted_nodes_like_rewrites():
         return changed
 
     gm = torch.fx.symbolic_trace(_twice_relu)
-    fp.Pipeline([add_negs]).run(gm, debug_counter=fp.DebugCounter(count=1))
+    fp.Pipeline([add_negs]).run(gm, debug_counter=fp.core.DebugCounter(count=1))
     assert sum(n.target is torch.neg for n in gm.graph.nodes) == 1
 
 

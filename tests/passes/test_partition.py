@@ -78,7 +78,7 @@ def test_a_debug_counter_stops_after_k_fusions():
     ep, args, expected = exported_with_args()
     gm = ep.graph_module
     pipe = fp.Pipeline.parse('partition{support="elementwise | norm"}')
-    pipe.run(gm, debug_counter=fp.DebugCounter(count=2))
+    pipe.run(gm, debug_counter=fp.core.DebugCounter(count=2))
     assert len(fused_nodes(gm)) == 2
     assert_same(gm(*args), expected)
 
@@ -91,7 +91,7 @@ def test_nothing_supported_changes_nothing():
 
 
 def test_bad_specs_fail_clearly_and_leave_the_graph_as_it_was():
-    with pytest.raises(fp.OptionError, match="needs option 'support'"):
+    with pytest.raises(fp.core.OptionError, match="needs option 'support'"):
         fp.Pipeline.parse("partition")
     ep, _, _ = exported_with_args()
     gm = ep.graph_module
@@ -112,10 +112,10 @@ def test_each_new_fusion_is_one_change_event_in_the_order_made():
     ep, _, _ = exported_with_args()
     gm = ep.graph_module
     pipe = fp.Pipeline.parse('partition{support="elementwise | norm" prefix=first_}')
-    pipe.run(gm, debug_counter=fp.DebugCounter(count=1))  # one call there before the run
+    pipe.run(gm, debug_counter=fp.core.DebugCounter(count=1))  # one call there before the run
     (old,) = fused_nodes(gm)
 
-    class Record(fp.Instrumentation):
+    class Record(fp.core.Instrumentation):
         def __init__(self):
             self.events = []
 

@@ -140,7 +140,7 @@ def test_a_later_pass_that_breaks_the_schedule_fails_and_rolls_back():
 
     gm, _ = original("moe")
     before = [n.name for n in gm.graph.nodes]
-    with pytest.raises(fp.CheckFailedError) as err:
+    with pytest.raises(fp.core.CheckFailedError) as err:
         fp.Pipeline(["multi_stream", "cse", drop_first_wait]).run(gm)
     assert err.value.pass_name == "drop_first_wait"
     assert err.value.check_name == "require_safe_streams" and "missing_sync" in str(err.value)

@@ -94,7 +94,7 @@ def test_an_empty_plan_changes_nothing():
     assert stats.events == 0 and [n.name for n in gm.graph.nodes] == before
 
 
-class _Changes(fp.Instrumentation):
+class _Changes(fp.core.Instrumentation):
     def __init__(self) -> None:
         self.events = []
 

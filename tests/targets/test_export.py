@@ -217,7 +217,7 @@ def test_add_constant_is_an_insert_the_run_sees_with_the_provenance_of_its_origi
     gm = torch.fx.symbolic_trace(convnet())
     seen = []
 
-    class Changes(fp.Instrumentation):
+    class Changes(fp.core.Instrumentation):
         def on_change(self, event, ctx):
             seen.append(event)
 

@@ -6,7 +6,7 @@ import fxpass as fp
 from fxpass.targets.runner import Runner, graph_sample_inputs
 
 
-class _Seen(fp.Instrumentation):
+class _Seen(fp.core.Instrumentation):
     def __init__(self) -> None:
         self.passes: list[str] = []
 

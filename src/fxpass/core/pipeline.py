@@ -9,7 +9,7 @@ What a run guarantees:
 
 * **Order.** Passes run in the order given, adjusted by ordering constraints
   (:meth:`Pipeline.this_before_that`), solved by a stable topological sort. A cycle is a
-  :class:`~fxpass.ConstraintCycleError` naming the passes in it.
+  :class:`~fxpass.core.ConstraintCycleError` naming the passes in it.
 * **Honest "modified".** See :mod:`fxpass.core.contract`. A :class:`Fixpoint` stops as soon
   as one round changes nothing.
 * **Checks.** After each pass that changed the graph: ``graph.lint()`` and the checks added
@@ -69,7 +69,7 @@ _GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = conte
 def instrumented(*instruments: Instrumentation) -> Iterator[None]:
     """Attach instrumentation to every pipeline run inside the block (backends, the CLI).
 
-    >>> with fxpass.instrumented(fxpass.PrintIR(after_change=True)):   # doctest: +SKIP
+    >>> with fxpass.core.instrumented(fxpass.core.PrintIR(after_change=True)):   # doctest: +SKIP
     ...     torch.compile(model, backend="fxpass")(x)
     """
     with scoped(_GLOBAL_INSTRUMENTS, (*_GLOBAL_INSTRUMENTS.get(), *instruments)):
@@ -274,7 +274,7 @@ class Pipeline(Pass):
         """Run the pipeline on ``gm``; returns a :class:`PassResult` with a ``report``.
 
         ``sample_inputs`` reach lowering passes ``(gm, sample_inputs)``; ``debug_counter``
-        limits how many rewrites the run may make (see :class:`~fxpass.DebugCounter`).
+        limits how many rewrites the run may make (see :class:`~fxpass.core.DebugCounter`).
         """
         if not isinstance(gm, fx.GraphModule):
             raise TypeError(
@@ -375,7 +375,7 @@ class Fixpoint(Pipeline):
     ``max_iterations`` rounds).
 
     If the last allowed round still changed the graph, ``strict=True`` raises
-    :class:`~fxpass.NonConvergenceError` (and the run rolls back); otherwise the report notes
+    :class:`~fxpass.core.NonConvergenceError` (and the run rolls back); otherwise the report notes
     that the fixpoint did not converge.
     """
 

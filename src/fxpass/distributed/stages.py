@@ -1,6 +1,6 @@
 """Pipeline stages: a captured program cut into ``N`` programs by a cost model.
 
-``fxpass.pipeline_stages(program, stages=N)`` walks the graph once and, at every point
+``fxpass.distributed.pipeline_stages(program, stages=N)`` walks the graph once and, at every point
 between two compute nodes, counts the activations that cross it. Values that depend on no
 input (position ids, causal masks, rotary tables) are not sent: the stage that reads them
 computes them again. The cuts are chosen among the points a single activation crosses (the
@@ -11,7 +11,7 @@ nodes — the same node names, its own weights — taking the activations it rec
 returning those it sends (the last one: the program's outputs, flat), so it runs under
 ``torch.distributed.pipelining`` (``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``):
 
->>> stages = fxpass.pipeline_stages(program, stages=2)              # doctest: +SKIP
+>>> stages = fxpass.distributed.pipeline_stages(program, stages=2)              # doctest: +SKIP
 >>> stage = stages.pipeline_stage(rank, device="cpu")               # doctest: +SKIP
 >>> schedule = ScheduleGPipe(stage, n_microbatches=4)               # doctest: +SKIP
 

@@ -19,7 +19,7 @@ priority order; the first that matches and does not decline is applied. Overlapp
 matches are thus resolved deterministically: the earliest root in graph order wins, then the
 earliest rule. The fixpoint driver then revisits what each rewrite touched (the new nodes,
 their users, and the users of the match's inputs) until nothing matches, and stops with
-:class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites.
+:class:`~fxpass.core.NonConvergenceError` after ``max_rewrites`` rewrites.
 
 A :class:`RuleSet` is rules as data (an ordered list, composed with ``+``) that runs as a
 pass through these drivers.
@@ -270,7 +270,7 @@ class RuleSet(Pass):
     """An ordered set of rules, run as one pass. Rule sets compose with ``+``.
 
     ``once=False`` (default) rewrites to a fixpoint with a worklist, raising
-    :class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites (default: ten per
+    :class:`~fxpass.core.NonConvergenceError` after ``max_rewrites`` rewrites (default: ten per
     node); ``once=True`` walks the graph once and does not revisit what it created.
     Earlier rules win where several match at the same node.
     """
