@@ -33,7 +33,7 @@ from fxpass.verify.inputs import program_inputs
 TARGET = 1.05
 
 
-class _NoCache(fp.Instrumentation):
+class _NoCache(fp.core.Instrumentation):
     """Turns the run's analysis cache off: every request is computed."""
 
     def before_pipeline(self, pipeline, gm, ctx):

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# tests/ for the shared _models, _hf, ...; tests/cli for cli_targets, the graphs and strict
+# rules that the CLI tests name on the command line and the rewrite tests import.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cli"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Every pipeline run in the tests checks the analyses its passes declare preserved: computed

@@ -219,7 +219,7 @@ def test_multi_output_ops_and_getitems_survive_a_rewrite():
 def test_debug_counter_allows_only_the_first_rewrites(llama_ep):
     adds = _calls(llama_ep.graph_module, aten.add.Tensor)
     subs = _calls(llama_ep.graph_module, aten.sub.Tensor)
-    result = apply(llama_ep, ReplaceAddWithMulSub(), debug_counter=fp.DebugCounter(count=2))
+    result = apply(llama_ep, ReplaceAddWithMulSub(), debug_counter=fp.core.DebugCounter(count=2))
     gm = result.graph_module
     assert _calls(gm, aten.add.Tensor) == adds - 2
     assert _calls(gm, aten.sub.Tensor) == subs + 2
@@ -229,7 +229,7 @@ def test_debug_counter_allows_only_the_first_rewrites(llama_ep):
 def test_every_rewrite_is_announced():
     events = []
 
-    class Listen(fp.Instrumentation):
+    class Listen(fp.core.Instrumentation):
         def on_change(self, event, ctx):
             events.append(event)
 

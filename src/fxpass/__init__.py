@@ -6,42 +6,27 @@ from ._supported_torch import check_torch as _check_torch
 
 _check_torch()  # first: an untested torch gets one clear line, not an error from deep inside
 
-from . import (  # noqa: F401  (importing passes registers the library)
+from . import (  # noqa: F401  (importing passes registers the library; the rest are homes)
+    core,
+    distributed,
+    html,
     ops,
+    partition,
     passes,
     registry,
     streams,
 )
+from ._moved import moved_name as _moved_name
 from .core.analysis_manager import analysis
-from .core.context import ChangeEvent, DebugCounter, PassContext, current_context, stat
+from .core.context import PassContext, current_context, stat
 from .core.contract import FunctionPass, Pass, PassResult
-from .core.errors import (
-    CheckFailedError,
-    ConstraintCycleError,
-    FxpassError,
-    NonConvergenceError,
-    OptionError,
-    PassFailedError,
-    SpecError,
-    UnknownPassError,
-)
-from .core.instrument import Instrumentation, PrintIR, Statistics, Timing
-from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
+from .core.errors import FxpassError, PassFailedError
+from .core.pipeline import Fixpoint, Pipeline, fixpoint
 from .core.registry import as_pass, register
-from .core.report import PassRecord, Report
+from .core.report import Report
 from .core.version import __version__
-from .distributed import pipeline_stages, shard
-from .html import HtmlReport
+from .distributed import shard
 from .interpret import InterpreterPass
-from .partition import (
-    OperatorSupportBase,
-    Partition,
-    capability_partitions,
-    fuse_partitions,
-    parse_support,
-    source_partitions,
-    unfuse,
-)
 from .rewrite import P, Rule, RuleSet, rewrite, rules, traced_rule
 from .targets.apply import ApplyResult, apply
 from .targets.backend import backend
@@ -49,66 +34,48 @@ from .targets.inductor import inductor_pass
 from .targets.piecewise import piecewise
 from .verify import NumericsCheck, bisect, check_pass, verify_numerics
 
-graph_pass = register
-
-
+# What a pass author needs: write a pass, register and compose it, rewrite with patterns, run
+# it on a program, check it. Everything else lives in its subpackage (``fxpass.core`` for the
+# errors, instrumentations and debug counter, ``fxpass.partition``, ``fxpass.html``,
+# ``fxpass.distributed``, ``fxpass.registry``).
 __all__ = [
     "ApplyResult",
-    "ChangeEvent",
-    "CheckFailedError",
-    "ConstraintCycleError",
-    "DebugCounter",
     "Fixpoint",
     "FunctionPass",
     "FxpassError",
-    "HtmlReport",
-    "Instrumentation",
     "InterpreterPass",
-    "NonConvergenceError",
     "NumericsCheck",
-    "OperatorSupportBase",
-    "OptionError",
     "P",
-    "Partition",
     "Pass",
     "PassContext",
     "PassFailedError",
-    "PassRecord",
     "PassResult",
     "Pipeline",
-    "PrintIR",
     "Report",
     "Rule",
     "RuleSet",
-    "SpecError",
-    "Statistics",
-    "Timing",
-    "UnknownPassError",
     "__version__",
     "analysis",
     "apply",
     "as_pass",
     "backend",
     "bisect",
-    "capability_partitions",
     "check_pass",
     "current_context",
     "fixpoint",
-    "fuse_partitions",
-    "graph_pass",
     "inductor_pass",
-    "instrumented",
-    "parse_support",
     "piecewise",
-    "pipeline_stages",
     "register",
-    "registry",
     "rewrite",
     "rules",
     "shard",
-    "source_partitions",
     "stat",
     "traced_rule",
-    "unfuse",
     "verify_numerics",
 ]
+
+
+def __getattr__(name: str):
+    """A name that left the top level still resolves, with a FutureWarning that says where it
+    lives now."""
+    return _moved_name(name)

@@ -154,7 +154,7 @@ class InterpreterPass(Pass):
 
     def placeholder(self, name: str, arg: Any, meta: dict[str, Any]) -> ProxyValue:
         """Emit a graph input named ``name`` whose fake value is ``arg``."""
-        node = self._graph.placeholder(name)
+        node = self._build.create(self._graph, "placeholder", name)
         node.meta.update(meta)
         node.meta["val"] = arg
         return ProxyValue(node, arg, exact=self._current is not None and name == self._current.name)
@@ -165,7 +165,9 @@ class InterpreterPass(Pass):
         structure = pytree.tree_map(
             lambda v: v.node if isinstance(v, ProxyValue) else self._lift(v), results
         )
-        node = self._graph.output(structure, type_expr=getattr(old, "type", None))
+        node = self._build.create(
+            self._graph, "output", "output", (structure,), type_expr=getattr(old, "type", None)
+        )
         node.meta.update(meta)
         return node
 
@@ -196,7 +198,9 @@ class InterpreterPass(Pass):
         self._mode = self._find_fake_mode(gm)
         self._fake = FakeEvaluator(self._mode, owner=type(self).__name__)
         ctx = current_context()
-        self._editor = Editor(ctx, self.name)
+        self._editor = Editor(ctx, self.name)  # asks the run, tells it what was rewritten
+        # builds the new graph, which no run watches until it replaces the old one
+        self._build = Editor(None, self.name)
         inputs = ctx.sample_inputs if ctx is not None else None
         self._sample = list(inputs) if inputs is not None else None
 
@@ -207,6 +211,7 @@ class InterpreterPass(Pass):
             "_env",
             "_constants",
             "_editor",
+            "_build",
             "_fake",
             "_sample",
             "_current",
@@ -234,7 +239,7 @@ class InterpreterPass(Pass):
             results = fx.node.map_arg(node.args[0], self._env.__getitem__)
             self.output(results, node.meta)
         elif node.op == "get_attr":
-            new = self._graph.get_attr(node.target)
+            new = self._build.create(self._graph, "get_attr", node.target)
             new.meta.update(node.meta)
             self._env[node] = ProxyValue(new, node.meta.get("val"), exact=True)
         else:
@@ -272,7 +277,7 @@ class InterpreterPass(Pass):
             editor = self._editor
             if not editor.allow():  # a debug counter said no: copy instead
                 for n in reversed(created):
-                    self._graph.erase_node(n)
+                    self._build.erase(n, "refused")
                 self._val_taken = False
                 result = self._copy(node)
             else:
@@ -317,7 +322,7 @@ class InterpreterPass(Pass):
         node_args = pytree.tree_map(self._as_arg, args)
         node_kwargs = pytree.tree_map(self._as_arg, kwargs)
         name = old.name if same else None
-        node = self._graph.create_node(kind, target, node_args, node_kwargs, name=name)
+        node = self._build.create(self._graph, kind, target, node_args, node_kwargs, name=name)
         if exact and not self._val_taken:
             self._val_taken = True
             node.meta = dict(old.meta)
@@ -406,7 +411,7 @@ class InterpreterPass(Pass):
             else:
                 where = self._graph.inserting_after()
         with where:
-            node = self._graph.get_attr(name)
+            node = self._build.create(self._graph, "get_attr", name)
         self._last_constant = node
         node.meta["val"] = self._mode.from_tensor(value, static_shapes=True)
         return node
@@ -427,7 +432,7 @@ class InterpreterPass(Pass):
     def _finish(self, gm: fx.GraphModule) -> fx.GraphModule:
         for n in list(self._graph.nodes):  # constants of rewrites a debug counter refused
             if n.op == "get_attr" and n.target in self._constants and not n.users:
-                self._graph.erase_node(n)
+                self._build.erase(n, "unused_constant")
                 del self._constants[n.target]
         root: dict[str, Any] = dict(self._constants)
         for n in self._graph.nodes:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from _html_report import drawn_nodes
 
 from fxpass.cli import main
 
@@ -137,4 +138,24 @@ def test_tp_ep_pp_is_the_python_equivalent(capsys, moe_pt2):
     program = torch.export.load(str(moe_pt2))
     same = fp.distributed.analyze(program, mesh=fp.distributed.Mesh(tp=2, ep=2, pp=2))
     assert same.decisions == plan.decisions and same.experts == plan.experts
-    assert plan.stages == fp.pipeline_stages(program, stages=2).stages
+    assert plan.stages == fp.distributed.pipeline_stages(program, stages=2).stages
+
+
+def test_report_draws_each_ranks_inserted_collectives(capsys, model_pt2, tmp_path):
+    """--report: one HTML report per rank whose change list draws the collectives the
+    strategies inserted through the editor, each naming the node it serves."""
+    html = tmp_path / "shard.html"
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "-o", str(tmp_path / "o"),
+                        "--sequence-parallel", "--report", str(html))  # fmt: skip
+    paths = [tmp_path / f"shard.rank{r}.html" for r in range(2)]
+    assert code == 0 and all(p.is_file() for p in paths) and not html.exists()
+    assert "report: " in out and str(paths[1]) in out.replace("\n", "")
+    for path in paths:
+        new = [d for d in drawn_nodes(path) if d["status"] == "new"]
+        passes = {d["provenance"]["pass"] for d in new if "_c10d_functional" in d["target"]}
+        assert passes >= {"tensor_parallel", "sequence_parallel"}, path.name
+        for d in new:
+            assert d["from_node"] and d["provenance"]["replaced"], d
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "-o", str(tmp_path / "j"),
+                        "--report", str(tmp_path / "j.html"), "--json")  # fmt: skip
+    assert json.loads(out)["reports"] == [str(tmp_path / f"j.rank{r}.html") for r in range(2)]

@@ -400,7 +400,7 @@ def test_compat_passes_run_in_fxpass_pipelines():
 def test_debug_counters_and_instrumentation_see_each_rewrite():
     ep = edge_program("add_relu")
 
-    class Changes(fp.Instrumentation):
+    class Changes(fp.core.Instrumentation):
         def __init__(self):
             self.events = []
 
@@ -411,7 +411,7 @@ def test_debug_counters_and_instrumentation_see_each_rewrite():
     result = fp.apply(
         ep,
         edge_add_with_mul_sub(compat.ExportPass)(),
-        debug_counter=fp.DebugCounter(count=1),
+        debug_counter=fp.core.DebugCounter(count=1),
         instrument=[watch],
     )
     assert watch.events == [["aten_add_tensor"]]

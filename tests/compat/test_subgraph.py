@@ -254,14 +254,14 @@ def test_debug_counter_and_instrumentation_see_each_replacement():
     gm = exported_gm(remove_asserts=True)
     seen = []
 
-    class Spy(fp.Instrumentation):
+    class Spy(fp.core.Instrumentation):
         def on_change(self, event, ctx):
             seen.append(event.rule)
 
     def fuse(gm):
         return bool(cfx.replace_pattern(gm, _norm_pattern, _norm_replacement))
 
-    fp.Pipeline([fuse]).run(gm, debug_counter=fp.DebugCounter(count=3), instrument=[Spy()])
+    fp.Pipeline([fuse]).run(gm, debug_counter=fp.core.DebugCounter(count=3), instrument=[Spy()])
     fused = [n for n in gm.graph.nodes if n.target is torch.ops.fxpass.fused_add_rmsnorm.default]
     assert len(fused) == 3 and seen == ["replace_pattern"] * 3
 

@@ -118,7 +118,7 @@ def test_a_pass_that_lies_about_what_it_preserves_is_named():
     lies.preserves = (positions,)
     gm = _gm()
     before = gm.code
-    with pytest.raises(fp.CheckFailedError) as err:
+    with pytest.raises(fp.core.CheckFailedError) as err:
         fp.Pipeline([lies], verify_analyses=True).run(gm)
     msg = str(err.value).splitlines()[0]
     assert "check 'preserved analyses' failed after pass 'lies'" in msg

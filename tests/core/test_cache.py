@@ -102,7 +102,7 @@ def test_the_key_follows_the_pipeline_and_the_graph(fresh, tmp_path):
 
 def test_a_bisection_run_never_uses_the_cache(fresh, tmp_path):
     fp.apply(fresh(), SPEC, cache=tmp_path)
-    result = fp.apply(fresh(), SPEC, cache=tmp_path, debug_counter=fp.DebugCounter(count=1))
+    result = fp.apply(fresh(), SPEC, cache=tmp_path, debug_counter=fp.core.DebugCounter(count=1))
     assert result.report.cached == "" and RUNS == ["counted"] * 2
 
 

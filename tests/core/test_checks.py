@@ -52,7 +52,9 @@ def test_a_check_sees_each_pass_input_and_whether_it_changed():
 
 def test_a_failing_input_check_names_the_pass_and_rolls_back():
     gm = _gm()
-    with pytest.raises(fp.CheckFailedError, match="check 'no_growth' failed after pass '_grows'"):
+    with pytest.raises(
+        fp.core.CheckFailedError, match="check 'no_growth' failed after pass '_grows'"
+    ):
         fp.Pipeline([_looks, _grows]).add_checks(_CountsNodes()).run(gm)
     assert len(gm.graph.nodes) == 3
 

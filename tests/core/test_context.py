@@ -11,7 +11,7 @@ from fxpass.edit.editor import Editor, active_listener
 aten = torch.ops.aten
 
 
-class _Events(fp.Instrumentation):
+class _Events(fp.core.Instrumentation):
     def __init__(self):
         self.events = []
 
@@ -49,6 +49,6 @@ def test_the_editor_asks_the_debug_counter_of_the_run():
         stopped["allowed"] = fp.current_context().editor.allow()
         return False
 
-    fp.Pipeline([asks]).run(gm, debug_counter=fp.DebugCounter(count=0))
+    fp.Pipeline([asks]).run(gm, debug_counter=fp.core.DebugCounter(count=0))
     assert stopped == {"allowed": False}
     assert Editor(None).allow() and Editor(None).pass_name == "rewrite"

@@ -29,7 +29,7 @@ def boom(gm):
     raise RuntimeError("boom")
 
 
-class Recorder(fp.Instrumentation):
+class Recorder(fp.core.Instrumentation):
     def __init__(self):
         self.events = []
 
@@ -70,7 +70,7 @@ def test_hooks_fire_in_order_for_nested_pipelines(llama_gm):
 def test_failure_hook_sees_the_graph_as_the_pass_left_it(llama_gm):
     seen = {}
 
-    class Peek(fp.Instrumentation):
+    class Peek(fp.core.Instrumentation):
         def on_failure(self, record, gm, error, ctx):
             seen["failing_code"] = fp.core.instrument.graph_text(gm)
 
@@ -93,7 +93,7 @@ def test_change_events_reach_instrumentation(llama_gm):
         for n in list(gm.graph.nodes):
             if n.target is aten._assert_tensor_metadata.default and ctx.allow():
                 gm.graph.erase_node(n)
-                ctx.notify(fp.ChangeEvent("erase", "drop-assert", old=[n]))
+                ctx.notify(fp.core.ChangeEvent("erase", "drop-assert", old=[n]))
                 fp.stat("erased")
 
     result = fp.Pipeline([rewrites]).run(llama_gm, instrument=[rec])
@@ -110,7 +110,7 @@ def test_debug_counter_limits_the_number_of_changes(llama_gm):
                 gm.graph.erase_node(n)
 
     total = sum(1 for n in llama_gm.graph.nodes if n.target is aten._assert_tensor_metadata.default)
-    counter = fp.DebugCounter(count=2)
+    counter = fp.core.DebugCounter(count=2)
     fp.Pipeline([rewrites]).run(llama_gm, debug_counter=counter)
     left = sum(1 for n in llama_gm.graph.nodes if n.target is aten._assert_tensor_metadata.default)
     assert left == total - 2
@@ -119,7 +119,7 @@ def test_debug_counter_limits_the_number_of_changes(llama_gm):
 
 def test_print_ir_after_change_prints_only_changed_passes(llama_gm):
     out = io.StringIO()
-    printer = fp.PrintIR(after_change=True, stream=out)
+    printer = fp.core.PrintIR(after_change=True, stream=out)
     fp.Pipeline([look, drop_asserts, look]).run(llama_gm, instrument=[printer])
     text = out.getvalue()
     assert text.count("// ----- IR after") == 1
@@ -130,7 +130,9 @@ def test_print_ir_after_change_prints_only_changed_passes(llama_gm):
 
 def test_print_ir_before_after_and_failure_with_filter(llama_gm):
     out = io.StringIO()
-    printer = fp.PrintIR(before=True, after=True, after_failure=True, passes={"boom"}, stream=out)
+    printer = fp.core.PrintIR(
+        before=True, after=True, after_failure=True, passes={"boom"}, stream=out
+    )
     with pytest.raises(fp.PassFailedError):
         fp.Pipeline([look, boom]).run(llama_gm, instrument=[printer])
     text = out.getvalue()
@@ -138,13 +140,13 @@ def test_print_ir_before_after_and_failure_with_filter(llama_gm):
     assert "look" not in text
     assert "aten.sqrt" in text.split("IR after failure")[1]
     with pytest.raises(ValueError, match="style must be"):
-        fp.PrintIR(style="svg")
+        fp.core.PrintIR(style="svg")
 
 
 def test_print_ir_graph_style(llama_gm):
     out = io.StringIO()
     fp.Pipeline([drop_asserts]).run(
-        llama_gm, instrument=[fp.PrintIR(after=True, style="graph", stream=out)]
+        llama_gm, instrument=[fp.core.PrintIR(after=True, style="graph", stream=out)]
     )
     assert "graph():" in out.getvalue()
 
@@ -156,7 +158,7 @@ def test_timing_and_statistics_printers(llama_gm):
         fp.stat("nodes", len(gm.graph.nodes))
 
     fp.Pipeline([drop_asserts, fp.fixpoint(counts)]).run(
-        llama_gm, instrument=[fp.Timing(timing), fp.Statistics(stats)]
+        llama_gm, instrument=[fp.core.Timing(timing), fp.core.Statistics(stats)]
     )
     assert "Execution time report" in timing.getvalue()
     assert "drop_asserts" in timing.getvalue() and "fixpoint" in timing.getvalue()
@@ -165,7 +167,7 @@ def test_timing_and_statistics_printers(llama_gm):
 
 def test_instrumented_context_applies_to_every_run(llama_gm):
     rec = Recorder()
-    with fp.instrumented(rec):
+    with fp.core.instrumented(rec):
         fp.Pipeline([look]).run(llama_gm)
     fp.Pipeline([look]).run(llama_gm)
     assert [e for e in rec.events if e[0] == "before_pipeline"] == [("before_pipeline", "pipeline")]
@@ -175,12 +177,12 @@ def test_print_ir_after_change_skips_fixpoint_rounds_that_changed_nothing(llama_
     out = io.StringIO()
     seen = []
 
-    class Seen(fp.Instrumentation):
+    class Seen(fp.core.Instrumentation):
         def after_pass(self, record, gm, ctx):
             seen.append((record.name, ctx.changed, record.modified))
 
     fp.Pipeline([fp.fixpoint(drop_asserts)]).run(
-        llama_gm, instrument=[fp.PrintIR(after_change=True, stream=out), Seen()]
+        llama_gm, instrument=[fp.core.PrintIR(after_change=True, stream=out), Seen()]
     )
     # round 1 removes the asserts, round 2 changes nothing (but the record stays modified)
     assert seen[:2] == [("drop_asserts", True, True), ("drop_asserts", False, True)]

@@ -28,5 +28,5 @@ def test_the_pipeline_sorts_with_it_and_names_a_cycle():
     pipe = fp.Pipeline([a, b]).this_before_that(b, a)
     assert [p.name for p in pipe.passes] == ["b", "a"]
     pipe.this_before_that(a, b)
-    with pytest.raises(fp.ConstraintCycleError, match="a"):
+    with pytest.raises(fp.core.ConstraintCycleError, match="a"):
         _ = pipe.passes

@@ -91,7 +91,7 @@ def test_spec_option_parses_prints_back_and_limits_the_entry(registered):
 )
 def test_bad_ranges_point_at_their_column(registered, spec, at, message):
     spec = spec.replace("p{", registered[0] + "{")
-    with pytest.raises(fp.SpecError, match=message) as err:
+    with pytest.raises(fp.core.SpecError, match=message) as err:
         fp.Pipeline.parse(spec)
     assert err.value.column == spec.rindex(at) + 1, str(err.value)
 

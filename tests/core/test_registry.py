@@ -62,11 +62,11 @@ def test_create_validates_option_types(reg):
     p = reg.create("strip", eps=1e-5, mode="exact")
     assert p.spec == "strip{eps=1e-05 mode=exact}"
     assert reg.create("strip", eps=1).options["eps"] == 1.0  # ints widen to float
-    with pytest.raises(fp.OptionError, match="option 'eps' expects float, got 'x'"):
+    with pytest.raises(fp.core.OptionError, match="option 'eps' expects float, got 'x'"):
         reg.create("strip", eps="x")
-    with pytest.raises(fp.OptionError, match="one of fast|exact"):
+    with pytest.raises(fp.core.OptionError, match="one of fast|exact"):
         reg.create("strip", mode="slow")
-    with pytest.raises(fp.OptionError, match="has no option 'epz'; did you mean 'eps'"):
+    with pytest.raises(fp.core.OptionError, match="has no option 'epz'; did you mean 'eps'"):
         reg.create("strip", epz=1.0)
     assert reg.create("renamed", names=["a", "b"]).names == ["a", "b"]
     assert reg.create("renamed").name == "renamed"
@@ -74,7 +74,7 @@ def test_create_validates_option_types(reg):
 
 def test_unknown_name_suggests_close_names(reg):
     _passes(reg)
-    with pytest.raises(fp.UnknownPassError, match="did you mean 'strip'"):
+    with pytest.raises(fp.core.UnknownPassError, match="did you mean 'strip'"):
         reg.get("strp")
     with pytest.raises(KeyError):  # also a KeyError, for dict-like code
         reg.get("nothing-like-it")

@@ -114,7 +114,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("spec", "column", "message"), MALFORMED)
 def test_malformed_specs_point_at_the_column(spec, column, message):
-    with pytest.raises(fp.SpecError) as err:
+    with pytest.raises(fp.core.SpecError) as err:
         parse_spec(spec)
     assert err.value.column == column
     assert message in err.value.message
@@ -124,23 +124,23 @@ def test_malformed_specs_point_at_the_column(spec, column, message):
 
 
 SEMANTIC = [
-    ("cse,fuse_add_rmsnrom", 5, fp.UnknownPassError, "did you mean 'fuse_add_rmsnorm'"),
-    ("fuse_add_rmsnorm{eps=abc}", 22, fp.OptionError, "option 'eps' expects float | none"),
-    ("fuse_add_rmsnorm{epz=1}", 18, fp.OptionError, "has no option 'epz'; did you mean 'eps'"),
-    ("partition{single=maybe}", 18, fp.OptionError, "option 'single' expects bool"),
-    ("partition{max_size=1.5}", 20, fp.OptionError, "option 'max_size' expects int"),
-    ("cse(dce)", 4, fp.SpecError, "pass 'cse' does not take a nested pipeline"),
-    ("fixpoint", 9, fp.SpecError, "takes a nested pipeline: write fixpoint(pass1,pass2)"),
-    ("fixpoint{max_iterations=x}(cse)", 25, fp.OptionError, "expects int"),
-    ("cse,no.such.module:fn", 5, fp.SpecError, "cannot import pass 'no.such.module:fn'"),
-    (f"{__name__}:module_level_pass{{a=1}}", len(__name__) + 20, fp.SpecError,
+    ("cse,fuse_add_rmsnrom", 5, fp.core.UnknownPassError, "did you mean 'fuse_add_rmsnorm'"),
+    ("fuse_add_rmsnorm{eps=abc}", 22, fp.core.OptionError, "option 'eps' expects float | none"),
+    ("fuse_add_rmsnorm{epz=1}", 18, fp.core.OptionError, "has no option 'epz'; did you mean 'eps'"),
+    ("partition{single=maybe}", 18, fp.core.OptionError, "option 'single' expects bool"),
+    ("partition{max_size=1.5}", 20, fp.core.OptionError, "option 'max_size' expects int"),
+    ("cse(dce)", 4, fp.core.SpecError, "pass 'cse' does not take a nested pipeline"),
+    ("fixpoint", 9, fp.core.SpecError, "takes a nested pipeline: write fixpoint(pass1,pass2)"),
+    ("fixpoint{max_iterations=x}(cse)", 25, fp.core.OptionError, "expects int"),
+    ("cse,no.such.module:fn", 5, fp.core.SpecError, "cannot import pass 'no.such.module:fn'"),
+    (f"{__name__}:module_level_pass{{a=1}}", len(__name__) + 20, fp.core.SpecError,
      "takes no options"),
-    ("fixpoint{max_iterations=0}(cse)", 25, fp.OptionError,
+    ("fixpoint{max_iterations=0}(cse)", 25, fp.core.OptionError,
      "option 'max_iterations' expects int >= 1, got '0'"),
-    ("fixpoint{max_iterations=[1]}(cse)", 25, fp.OptionError, "expects int >= 1, got a list"),
-    ("picky{limit=0}", 1, fp.OptionError, "pass 'picky' refused its options: ValueError: zero"),
-    ("bounded{ratio=1.5}", 15, fp.OptionError, "option 'ratio' expects float in [0.0, 1.0]"),
-    (f"{__name__}:scaled{{factor=-1}}", len(__name__) + 16, fp.OptionError,
+    ("fixpoint{max_iterations=[1]}(cse)", 25, fp.core.OptionError, "expects int >= 1, got a list"),
+    ("picky{limit=0}", 1, fp.core.OptionError, "pass 'picky' refused its options: ValueError: zero"),
+    ("bounded{ratio=1.5}", 15, fp.core.OptionError, "option 'ratio' expects float in [0.0, 1.0]"),
+    (f"{__name__}:scaled{{factor=-1}}", len(__name__) + 16, fp.core.OptionError,
      "option 'factor' expects float >= 0.0, got '-1'"),
 ]  # fmt: skip
 
@@ -159,7 +159,7 @@ def test_bad_names_and_options_are_reported_at_the_column(spec, column, error, m
 
 
 def test_the_global_registry_is_the_default(llama_gm):
-    with pytest.raises(fp.UnknownPassError):
+    with pytest.raises(fp.core.UnknownPassError):
         fp.Pipeline.parse("definitely_not_a_pass")
     assert str(fp.Pipeline.parse("fixpoint(default)")) == "fixpoint(default)"
 
@@ -177,5 +177,5 @@ def test_parse_raises_only_spec_errors(reg, tokens):
     bare ValueError, TypeError or KeyError."""
     try:
         fp.Pipeline.parse("".join(tokens), reg)
-    except fp.SpecError as e:
+    except fp.core.SpecError as e:
         assert e.column >= 1

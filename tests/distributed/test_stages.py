@@ -26,7 +26,7 @@ def _chain(stages, inputs):
 def test_stages_compute_the_original(moe):
     ep = exported(dtype=torch.float32, moe_experts=moe)
     inputs = decoder(dtype=torch.float32, moe_experts=moe).example_inputs()
-    stages = fp.pipeline_stages(ep, stages=2)
+    stages = fp.distributed.pipeline_stages(ep, stages=2)
     assert len(stages) == 2 and all(isinstance(p, torch.export.ExportedProgram) for p in stages)
     (out,) = _chain(stages, inputs)
     assert torch.equal(out, ep.module()(*inputs))
@@ -38,14 +38,14 @@ def test_stages_compute_the_original(moe):
 
 def test_hugging_face_stages():
     ep = _hf.exported("llama")
-    (logits,) = _chain(fp.pipeline_stages(ep, stages=2), _hf.example_inputs())
+    (logits,) = _chain(fp.distributed.pipeline_stages(ep, stages=2), _hf.example_inputs())
     assert torch.equal(logits, ep.module()(*_hf.example_inputs()).logits)
 
 
 def test_a_plan_names_where_to_cut():
     ep = exported(dtype=torch.float32)
-    stages = fp.pipeline_stages(ep, stages=2)
-    again = fp.pipeline_stages(ep, stages=2, plan=stages.stages)
+    stages = fp.distributed.pipeline_stages(ep, stages=2)
+    again = fp.distributed.pipeline_stages(ep, stages=2, plan=stages.stages)
     assert again.stages == stages.stages
     shards = fp.shard(ep, pp=2)
     assert shards.plan.stages == stages.stages and shards.mesh.pp == 2
@@ -53,7 +53,7 @@ def test_a_plan_names_where_to_cut():
 
 def test_more_stages_than_layers():
     with pytest.raises(ShardError) as e:
-        fp.pipeline_stages(exported(dtype=torch.float32), stages=3)
+        fp.distributed.pipeline_stages(exported(dtype=torch.float32), stages=3)
     msg = str(e.value)
     assert msg.startswith("cannot cut the program into 3 pipeline stages: it has 2 layers")
     assert "use at most 2 stages" in msg and "\n" not in msg
@@ -70,4 +70,4 @@ def test_bad_requests(program, stages, message):
     ep = exported(dtype=torch.float32, layers=1)
     target = ep if program == "ep" else ep.module()
     with pytest.raises(ShardError, match=message):
-        fp.pipeline_stages(target, stages=stages)
+        fp.distributed.pipeline_stages(target, stages=stages)

@@ -172,7 +172,7 @@ def test_a_graph_module_with_weights_as_attributes():
         shards.save("unused")
 
 
-class _Changes(fp.Instrumentation):
+class _Changes(fp.core.Instrumentation):
     def __init__(self) -> None:
         self.events = []
 
@@ -193,6 +193,25 @@ def test_collectives_carry_provenance_and_pass_the_metadata_check():
         assert node.meta["fxpass_provenance"]["replaced"]  # the node it serves
 
 
+def test_sharded_graphs_keep_what_tensor_and_sequence_parallelism_declare():
+    """Rank 1 sharded with sequence parallelism: each strategy held to its declaration
+    (values, stack traces, module stacks, provenance) by ``keeps_metadata``, and the graph
+    passes the metadata check: every node has its value, every inserted node from_node."""
+    from fxpass.verify.invariants import check_metadata, keeps_metadata
+
+    ep = exported(dtype=torch.float32, layers=1)
+    spec = "tensor_parallel{world_size=2,rank=1},sequence_parallel{world_size=2,rank=1}"
+    result = fp.apply(ep, fp.Pipeline.parse(spec).add_checks(keeps_metadata()))
+    gm = result.program.graph_module
+    assert check_metadata(gm) == []
+    made = [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+    passes = {n.meta["fxpass_provenance"]["pass"] for n in made}
+    assert passes == {"tensor_parallel", "sequence_parallel"}
+    assert count(gm, C10D.reduce_scatter_tensor.default) and all(
+        n.meta["from_node"] and n.meta.get("nn_module_stack") for n in made
+    )
+
+
 def test_every_collective_is_a_change_the_run_sees():
     changes = _Changes()
     ep = exported(dtype=torch.float32, layers=1)
@@ -208,7 +227,7 @@ def test_every_collective_is_a_change_the_run_sees():
 def test_the_debug_counter_stops_after_k_collectives():
     ep = exported(dtype=torch.float32, layers=1)
     result = fp.apply(ep, "tensor_parallel{world_size=2,rank=0}",
-                      debug_counter=fp.DebugCounter(count=2))  # fmt: skip
+                      debug_counter=fp.core.DebugCounter(count=2))  # fmt: skip
     gm = result.program.graph_module
     made = count(gm, C10D.all_reduce.default) + count(gm, C10D.all_gather_into_tensor.default)
     assert made == 2  # of 4: embedding, two row-parallel matmuls, the logits

@@ -27,7 +27,7 @@ def test_new_node_meta_records_what_torchs_node_source_records():
     assert prov["location"].startswith("test_editor.py:")
 
 
-class _Events(fp.Instrumentation):
+class _Events(fp.core.Instrumentation):
     def __init__(self):
         self.events = []
 
@@ -51,7 +51,7 @@ def test_a_library_pass_edits_through_the_editor_which_names_the_passs_line():
 def test_the_editor_asks_the_debug_counter_before_each_change():
     gm = torch.fx.symbolic_trace(_twice_relu)
     before = len(gm.graph.nodes)
-    fp.Pipeline(["cse"]).run(gm, debug_counter=fp.DebugCounter(count=0))
+    fp.Pipeline(["cse"]).run(gm, debug_counter=fp.core.DebugCounter(count=0))
     assert len(gm.graph.nodes) == before
     assert Editor(None).allow() and Editor(None).pass_name == "rewrite"
 
@@ -108,5 +108,95 @@ def test_a_debug_counter_bisects_inserted_nodes_like_rewrites():
         return changed
 
     gm = torch.fx.symbolic_trace(_twice_relu)
-    fp.Pipeline([add_negs]).run(gm, debug_counter=fp.DebugCounter(count=1))
+    fp.Pipeline([add_negs]).run(gm, debug_counter=fp.core.DebugCounter(count=1))
     assert sum(n.target is torch.neg for n in gm.graph.nodes) == 1
+
+
+def test_a_change_of_several_edits_is_told_once_and_gives_its_new_nodes_provenance():
+    gm = torch.fx.symbolic_trace(_twice_relu)
+    seen = _Events()
+
+    def fuse(gm):
+        editor = Editor()
+        first, second = [n for n in gm.graph.nodes if n.target is torch.relu]
+        (add,) = [
+            n for n in gm.graph.nodes if n.op == "call_function" and n.target not in (torch.relu,)
+        ]
+        assert editor.allow()
+        with editor.change("replace", "double", [first, second, add]) as change:
+            with gm.graph.inserting_before(add):
+                made = editor.create(gm.graph, "call_function", torch.mul, (first, 2))
+            editor.replace_all_uses(add, made, "double")
+            editor.erase_all([second], "double")
+        assert change.new == [made]
+        return True
+
+    fp.Pipeline([fuse]).run(gm, instrument=[seen])
+    (event,) = seen.events
+    assert event.kind == "replace" and event.rule == "double" and event.index == 1
+    assert [n.name for n in event.old] == ["relu", "relu_1", "add"]
+    (made,) = event.new
+    assert [s.name for s in made.meta["from_node"]] == ["relu", "relu_1", "add"]
+    assert made.meta["fxpass_provenance"]["pass"] == "fuse"
+    assert event.location.startswith("test_editor.py:")
+    x = torch.randn(3)
+    torch.testing.assert_close(gm(x), torch.relu(x) * 2)
+
+
+def test_a_change_that_raises_or_is_cancelled_tells_nobody():
+    gm = torch.fx.symbolic_trace(_twice_relu)
+    seen = _Events()
+
+    def tries(gm):
+        editor = Editor()
+        x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+        with editor.change("insert", "cancelled", [x]) as change:
+            neg = editor.insert(torch.neg, (x,), rule="neg", origin=[x], after=x)
+            editor.erase(neg, "neg")
+            change.cancel()
+        with pytest.raises(RuntimeError), editor.change("insert", "raises", [x]):
+            editor.insert(torch.neg, (x,), rule="neg", origin=[x], after=x)
+            raise RuntimeError("the replacement failed")
+        with editor.change("modify", "outer", [x]):  # an inner change is part of the outer
+            with editor.change("modify", "inner", [x]) as inner:
+                inner.cancel()
+            editor.insert(torch.neg, (x,), rule="neg", origin=[x], after=x)
+        return True
+
+    fp.Pipeline([tries]).run(gm, instrument=[seen])
+    assert [(e.rule, e.kind) for e in seen.events] == [("outer", "modify")]
+    assert Editor(None)._open is None
+
+
+def test_erase_all_erases_users_first_and_keeps_what_is_still_used():
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(torch.neg(x)) + torch.neg(x).sin())
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    neg, relu = nodes[0], nodes[1]
+    seen = _Events()
+
+    def erase(gm):
+        Editor().replace_all_uses(relu, neg, "skip_relu", erase_old=False)
+        gone = Editor().erase_all([neg, relu], "dead")
+        assert gone == [relu]  # neg still has readers
+        return True
+
+    fp.Pipeline([erase]).run(gm, instrument=[seen])
+    assert [e.kind for e in seen.events] == ["replace", "erase"] and seen.events[1].old == [relu]
+
+
+def test_set_target_and_rename_are_told_as_modifications():
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x))
+    seen = _Events()
+
+    def retarget(gm):
+        editor = Editor()
+        (relu,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+        editor.set_target(relu, torch.neg, rule="neg")
+        editor.rename(relu, "negated", rule="neg")
+        return True
+
+    fp.Pipeline([retarget]).run(gm, instrument=[seen])
+    assert [e.kind for e in seen.events] == ["modify", "modify"]
+    x = torch.randn(3)
+    torch.testing.assert_close(gm(x), -x)
+    assert "negated" in gm.code

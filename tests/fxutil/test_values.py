@@ -126,3 +126,22 @@ def test_same_value_compares_metadata_and_can_leave_out_autograd():
     assert same_value(a, torch.empty(2, 3)) and not same_value(a, torch.empty(3, 2))
     assert not same_value(a, b) and same_value(a, b, grad=False)
     assert same_value((a, 1), (torch.empty(2, 3), 1)) and not same_value((a, 1), [a, 1])
+
+
+def test_inside_a_dynamo_backend_ops_run_in_the_values_own_fake_mode():
+    """While a backend runs, Dynamo's tracing context holds another fake mode than the
+    graph's example values; an op on those values runs only in their own."""
+    got = []
+
+    def backend(gm, example_inputs):
+        mul = next(n for n in gm.graph.nodes if n.op == "call_function")
+        evaluator = FakeEvaluator(cache=None, new_mode=False)
+        got.append(evaluator.rerun(mul, value=lambda n: n.meta.get("example_value")))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda x: x * 2, backend=backend, fullgraph=True)(torch.randn(3))
+    finally:
+        torch._dynamo.reset()
+    assert got[0].shape == (3,)

@@ -141,3 +141,20 @@ def test_each_fusion_is_its_own_region_matched_by_provenance():
         removed = {name for name, st, _, _ in hunk.before.nodes if st == "removed"}
         assert removed == set(new["provenance"]["replaced"])
         assert new["provenance"]["pass"] == "fuse_add_rmsnorm"
+
+
+def test_a_library_pass_that_edits_through_the_editor_draws_each_fusion_with_what_it_replaced():
+    """partition's calls and their getitems carry the editor's provenance, naming the nodes
+    they replaced (the change list draws a node with what it replaced)."""
+    gm = tiny_gm()
+    rec = GraphRecorder()
+    spec = 'remove_assert_ops,partition{support="elementwise"}'
+    fp.Pipeline.parse(spec).run(gm, instrument=[rec])
+    change = next(c for c in rec.changes if c.name == "partition")
+    assert change.added and change.removed
+    removed = {n for h in change.hunks for n, st, _, _ in h.before.nodes if st == "removed"}
+    new = [d for h in change.hunks for _, st, _, d in h.after.nodes if st == "new"]
+    assert any(d["target"].startswith("fused_") for d in new)
+    for d in new:
+        assert d["provenance"]["pass"] == "partition"
+        assert d["from_node"] and set(d["provenance"]["replaced"]) <= removed

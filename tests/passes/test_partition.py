@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import sys
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def test_a_debug_counter_stops_after_k_fusions():
     ep, args, expected = exported_with_args()
     gm = ep.graph_module
     pipe = fp.Pipeline.parse('partition{support="elementwise | norm"}')
-    pipe.run(gm, debug_counter=fp.DebugCounter(count=2))
+    pipe.run(gm, debug_counter=fp.core.DebugCounter(count=2))
     assert len(fused_nodes(gm)) == 2
     assert_same(gm(*args), expected)
 
@@ -90,7 +91,7 @@ def test_nothing_supported_changes_nothing():
 
 
 def test_bad_specs_fail_clearly_and_leave_the_graph_as_it_was():
-    with pytest.raises(fp.OptionError, match="needs option 'support'"):
+    with pytest.raises(fp.core.OptionError, match="needs option 'support'"):
         fp.Pipeline.parse("partition")
     ep, _, _ = exported_with_args()
     gm = ep.graph_module
@@ -107,14 +108,14 @@ def test_listed_with_its_summary():
     assert info.options["mode"].default == "auto"
 
 
-def test_each_new_fusion_is_one_change_event_in_graph_order():
+def test_each_new_fusion_is_one_change_event_in_the_order_made():
     ep, _, _ = exported_with_args()
     gm = ep.graph_module
     pipe = fp.Pipeline.parse('partition{support="elementwise | norm" prefix=first_}')
-    pipe.run(gm, debug_counter=fp.DebugCounter(count=1))  # one call there before the run
+    pipe.run(gm, debug_counter=fp.core.DebugCounter(count=1))  # one call there before the run
     (old,) = fused_nodes(gm)
 
-    class Record(fp.Instrumentation):
+    class Record(fp.core.Instrumentation):
         def __init__(self):
             self.events = []
 
@@ -124,7 +125,29 @@ def test_each_new_fusion_is_one_change_event_in_graph_order():
     record = Record()
     fp.Pipeline.parse('partition{support="elementwise | norm"}').run(gm, instrument=[record])
     new = [c for c in fused_nodes(gm) if c is not old]
+    new.sort(key=lambda c: c.meta[FUSED_META]["index"])  # the order they were fused in
     assert len(new) >= 2
-    assert [e.new for e in record.events] == [[c.name] for c in new]
-    assert [e.old for e in record.events] == [c.meta[FUSED_META]["nodes"] for c in new]
-    assert all(e.kind == "replace" and e.rule == "partition" for e in record.events)
+    fusions = [e for e in record.events if e.rule == "partition"]
+    assert [[n for n in e.new if n in new] for e in fusions] == [[c] for c in new]
+    assert [[n.name for n in e.old] for e in fusions] == [c.meta[FUSED_META]["nodes"] for c in new]
+    assert all(e.kind == "replace" for e in fusions)
+    assert [e.index for e in fusions] == sorted({e.index for e in fusions})  # one action each
+    # the output getitems are new too, with the provenance of the value each stands for
+    getters = [n for e in fusions for n in e.new if n.target is operator.getitem]
+    assert getters and all(g.meta["from_node"][0].pass_name == "partition" for g in getters)
+    # what else changed is the reorder the fusions made necessary, told as one change
+    assert [e.kind for e in record.events if e not in fusions] in ([], ["modify"])
+
+
+@pytest.mark.parametrize("mode", ["module", "delegate"])
+def test_every_node_it_inserts_carries_provenance_and_the_declaration_holds(mode):
+    from fxpass.verify.invariants import keeps_metadata
+
+    ep, args, expected = exported_with_args()
+    pipe = fp.Pipeline.parse(f'partition{{support="{SUPPORT}" mode={mode}}}')
+    pipe.add_checks(keeps_metadata())  # partition keeps stack_trace and provenance
+    pipe.run(ep.graph_module)
+    made = [n for n in ep.graph_module.graph.nodes if "fxpass_provenance" in n.meta]
+    assert {n.op for n in made} >= {"call_module" if mode == "module" else "get_attr"}
+    assert all(n.meta["from_node"][0].pass_name == "partition" for n in made)
+    assert_same(ep.graph_module(*args), expected)

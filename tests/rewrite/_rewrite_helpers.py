@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -34,3 +35,9 @@ def count(gm, target):
 
 def traced(fn):
     return torch.fx.symbolic_trace(fn)
+
+
+def edge():
+    """tests/_edge.py (ExecuTorch Edge programs of the shared models); skips where ExecuTorch
+    is not installed."""
+    return pytest.importorskip("_edge")

@@ -98,7 +98,7 @@ def test_statistics_reach_the_report_and_instrumentation_sees_each_change():
     ep, _ = exported_arith()
     events = []
 
-    class Spy(fp.Instrumentation):
+    class Spy(fp.core.Instrumentation):
         def on_change(self, event, ctx):
             events.append((event.kind, event.rule, [n.name for n in event.old]))
 
@@ -117,7 +117,7 @@ def test_statistics_reach_the_report_and_instrumentation_sees_each_change():
 
 def test_debug_counter_stops_after_k_rewrites():
     gm = _chain(8)
-    fp.Pipeline([rules("r", [DOUBLE_RELU])]).run(gm, debug_counter=fp.DebugCounter(count=2))
+    fp.Pipeline([rules("r", [DOUBLE_RELU])]).run(gm, debug_counter=fp.core.DebugCounter(count=2))
     assert count(gm, torch.relu) == 6
 
 

@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+from _html_report import drawn_nodes
 from _streams import HF_MODELS, MODELS, original, scheduled
 from torch import fx
 
@@ -139,7 +140,7 @@ def test_a_later_pass_that_breaks_the_schedule_fails_and_rolls_back():
 
     gm, _ = original("moe")
     before = [n.name for n in gm.graph.nodes]
-    with pytest.raises(fp.CheckFailedError) as err:
+    with pytest.raises(fp.core.CheckFailedError) as err:
         fp.Pipeline(["multi_stream", "cse", drop_first_wait]).run(gm)
     assert err.value.pass_name == "drop_first_wait"
     assert err.value.check_name == "require_safe_streams" and "missing_sync" in str(err.value)
@@ -171,3 +172,9 @@ def test_command_line(tmp_path):
     assert check_streams(loaded.graph_module) == []
     page = (tmp_path / "r.html").read_text()
     assert "id='streams'" in page and "every cross-stream dependency is covered" in page
+    # the change list draws the events and waits multi_stream inserted, with what they serve
+    new = [d for d in drawn_nodes(tmp_path / "r.html") if d["status"] == "new"]
+    ops = {d["target"].split(".")[-2] for d in new if d["target"].startswith("fxpass.")}
+    assert {"record_event", "wait_event"} <= ops
+    for d in new:
+        assert d["provenance"]["pass"] == "multi_stream" and d["from_node"], d

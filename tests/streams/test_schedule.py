@@ -94,7 +94,7 @@ def test_an_empty_plan_changes_nothing():
     assert stats.events == 0 and [n.name for n in gm.graph.nodes] == before
 
 
-class _Changes(fp.Instrumentation):
+class _Changes(fp.core.Instrumentation):
     def __init__(self) -> None:
         self.events = []
 
@@ -119,6 +119,23 @@ def test_every_edit_goes_through_the_editor_with_provenance():
     for rec in _ops(gm, OPS.record_event.default):  # a record names the kernel it follows
         if rec.prev.op == "call_function" and not is_stream_op(rec.prev):
             assert rec.meta["from_node"][0].name == rec.prev.name
+
+
+def test_a_scheduled_graph_passes_the_metadata_check_and_keeps_what_multi_stream_declares():
+    """Every node of the scheduled graph has its value; every stream op carries torch's
+    from_node; multi_stream held to its declaration (values, source metadata, provenance,
+    stream assignments) by ``keeps_metadata`` after it runs."""
+    from fxpass.core.registry import REGISTRY
+    from fxpass.verify.invariants import check_metadata, keeps_metadata
+
+    gm, _ = original("moe")
+    before = set(check_metadata(gm))
+    pipe = fp.Pipeline.parse(SPEC).add_checks(keeps_metadata())
+    assert pipe.run(gm).modified
+    assert {"val", "stream", "provenance"} <= REGISTRY.create("multi_stream").keeps
+    assert set(check_metadata(gm)) <= before  # nothing new misses a value or from_node
+    ops = [n for n in gm.graph.nodes if is_stream_op(n)]
+    assert ops and all(n.meta["from_node"] and "fxpass_provenance" in n.meta for n in ops)
 
 
 @pytest.mark.parametrize("name", HF_MODELS)

@@ -7,6 +7,7 @@ import functools
 
 import torch
 
+from fxpass.edit.editor import Editor
 from fxpass.models.convnet import build_convnet
 from fxpass.targets.export import add_constant, value_of
 
@@ -40,9 +41,8 @@ def fold_param_permute(gm: torch.fx.GraphModule) -> bool:
         if value is None:
             continue
         folded = value.detach().permute(*node.args[1]).contiguous()
-        const = add_constant(gm, f"{node.args[0].name}_folded", folded)
-        node.replace_all_uses_with(const)
-        gm.graph.erase_node(node)
+        const = add_constant(gm, f"{node.args[0].name}_folded", folded, origin=[node])
+        Editor().replace_all_uses(node, const, "fold_param_permute")
         changed = True
     return changed
 

@@ -95,11 +95,11 @@ def test_debug_counter_and_instruments_reach_the_run():
     ep = convnet_ep()
     seen = []
 
-    class Watch(fp.Instrumentation):
+    class Watch(fp.core.Instrumentation):
         def after_pass(self, record, gm, ctx):
             seen.append((record.name, ctx.debug_counter))
 
-    counter = fp.DebugCounter(count=0)
+    counter = fp.core.DebugCounter(count=0)
     apply(ep, fold_param_permute, instrument=[Watch()], debug_counter=counter)
     assert seen == [("fold_param_permute", counter)]
 
@@ -144,5 +144,5 @@ def test_portable_leaves_no_fxpass_op_and_computes_the_same():
 
 @pytest.mark.parametrize("spec", ["", "  "])
 def test_an_empty_spec_is_an_error(spec):
-    with pytest.raises(fp.SpecError, match="the pipeline spec is empty"):
+    with pytest.raises(fp.core.SpecError, match="the pipeline spec is empty"):
         apply(_models.exported_gm(), spec)

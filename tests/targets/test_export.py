@@ -213,6 +213,27 @@ def test_add_constant_in_a_plain_graph_module_stays_a_get_attr():
         add_constant(gm, "x", 1.0)
 
 
+def test_add_constant_is_an_insert_the_run_sees_with_the_provenance_of_its_origin():
+    gm = torch.fx.symbolic_trace(convnet())
+    seen = []
+
+    class Changes(fp.core.Instrumentation):
+        def on_change(self, event, ctx):
+            seen.append(event)
+
+    def add_one(gm):
+        origin = next(n for n in gm.graph.nodes if n.op == "call_module")
+        add_constant(gm, "made_from", torch.ones(2), origin=[origin])
+        add_constant(gm, "from_nothing", torch.ones(2))
+        return True
+
+    fp.Pipeline([add_one]).run(gm, instrument=[Changes()])
+    attrs = {n.target: n for n in gm.graph.nodes if n.op == "get_attr"}
+    made, nothing = attrs["made_from"], attrs["from_nothing"]
+    assert [e.kind for e in seen] == ["insert", "insert"] and seen[1].new == [nothing]
+    assert made.meta["from_node"][0].pass_name == "add_one" and "from_node" not in nothing.meta
+
+
 def test_erase_mutation_outside_a_program_says_how():
     with pytest.raises(RuntimeError, match=r"fxpass.apply\(exported_program"):
         erase_mutation(torch.fx.symbolic_trace(convnet()), "x")

@@ -104,7 +104,7 @@ def test_fxpass_pipelines_names_them_from_the_environment(monkeypatch, tmp_path)
     ],
 )
 def test_bad_environment_entries_point_at_their_column(text, at, message):
-    with pytest.raises(fp.SpecError, match=message) as err:
+    with pytest.raises(fp.core.SpecError, match=message) as err:
         parse_pipelines(text)
     assert err.value.column == text.rindex(at) + 1
 
@@ -123,7 +123,7 @@ def test_config_files_and_their_errors(tmp_path):
     }
     for name, (data, message) in cases.items():
         (tmp_path / name).write_text(json.dumps(data))
-        with pytest.raises((PipelinesConfigError, fp.SpecError), match=message):
+        with pytest.raises((PipelinesConfigError, fp.core.SpecError), match=message):
             load_pipelines(tmp_path / name)
     (tmp_path / "broken.toml").write_text("[pipelines.x\n")
     with pytest.raises(PipelinesConfigError, match="is not valid toml"):

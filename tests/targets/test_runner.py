@@ -9,7 +9,7 @@ from fxpass.core.pipeline import resolve_pipeline
 from fxpass.targets.runner import Runner, graph_sample_inputs
 
 
-class _Seen(fp.Instrumentation):
+class _Seen(fp.core.Instrumentation):
     def __init__(self) -> None:
         self.passes: list[str] = []
 

@@ -76,3 +76,48 @@ def explode(gm: fx.GraphModule) -> bool:
             node.target = aten.sub.Tensor
             break
     raise RuntimeError("planted failure in explode")
+
+
+# ----- a bad edit planted inside a library pass ------------------------------------------------
+# ``inplace_to_functional`` (a library pass, editing through the editor) replaces each in-place
+# ``fxpass_planted::scale_`` by its functional twin ``fxpass_planted::scale``, found by name.
+# The twin is wrong for one scale only, so exactly one of the pass's rewrites breaks numerics.
+BAD_SCALE = 3.0
+
+
+@torch.library.custom_op("fxpass_planted::scale_", mutates_args={"x"})
+def _scale_(x: torch.Tensor, s: float) -> None:
+    x.mul_(s)
+
+
+@_scale_.register_fake
+def _(x, s):
+    return None
+
+
+@torch.library.custom_op("fxpass_planted::scale", mutates_args=())
+def _scale(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * s + 1.0 if s == BAD_SCALE else x * s
+
+
+@_scale.register_fake
+def _(x, s):
+    return torch.empty_like(x)
+
+
+SCALES = (2.0, 2.0, BAD_SCALE, 2.0)
+
+
+def scaled_in_place_graph() -> fx.GraphModule:
+    """Four in-place scales of the graph's own tensors; the third is the one made wrong."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        outs = []
+        for s in SCALES:
+            y = x * 1.5
+            torch.ops.fxpass_planted.scale_(y, s)
+            outs.append(y + 1)
+        return tuple(outs)
+
+    return make_fx(f)(torch.randn(4))

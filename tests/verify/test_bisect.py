@@ -85,3 +85,16 @@ def test_a_wrong_rule_on_the_rewrite_engine_is_found_with_its_location():
     assert rw.pass_path == "wrong_rsqrt" and rw.pass_index == 1
     assert rw.old == [first_rsqrt] and rw.new and rw.new[0].startswith("sqrt")
     assert "test_bisect.py" in rw.location
+
+
+def test_finds_a_bad_edit_a_library_pass_made_through_the_editor():
+    """``inplace_to_functional`` rewrites through the editor, so the debug counter stops it
+    after any rewrite: bisect names the one bad rewrite, with the pass's own line."""
+    gm = planted_passes.scaled_in_place_graph()
+    writes = [n for n in gm.graph.nodes if "scale_" in str(n.target)]
+    bad = planted_passes.SCALES.index(planted_passes.BAD_SCALE) + 1
+    result = bisect(gm, "inplace_to_functional", [torch.randn(4)])
+    rw = result.rewrite
+    assert (rw.index, rw.total, rw.pass_path) == (bad, len(writes), "inplace_to_functional")
+    assert rw.rule == "inplace_to_functional" and rw.old == [writes[bad - 1].name]
+    assert rw.location.startswith("inplace_to_functional.py:")

@@ -36,7 +36,7 @@ def test_exported_graphs_have_vals():
 def test_the_pass_that_drops_metadata_is_named():
     gm, inputs = graph_and_inputs()
     pipe = fp.Pipeline(["cse", _drops_meta]).add_checks(require_metadata("val"))
-    with pytest.raises(fp.CheckFailedError) as info:
+    with pytest.raises(fp.core.CheckFailedError) as info:
         pipe.run(gm, inputs)
     assert "after pass '_drops_meta'" in str(info.value)
     assert isinstance(info.value.cause, MetadataError)
@@ -115,7 +115,7 @@ def _pass(keeps, **how):
 def test_a_pass_that_breaks_what_it_keeps_is_named_with_the_node(keeps, how, problem):
     gm, inputs = graph_and_inputs()
     pipe = fp.Pipeline([_pass((keeps,), **how)]).add_checks(keeps_metadata())
-    with pytest.raises(fp.CheckFailedError) as info:
+    with pytest.raises(fp.core.CheckFailedError) as info:
         pipe.run(gm, inputs)
     first = str(info.value).splitlines()[0]
     assert first.startswith("check 'keeps_metadata' failed after pass 'negates': ")
@@ -140,7 +140,7 @@ def test_a_pass_that_drops_a_nodes_metadata_is_named():
     forgets.keeps = ("nn_module_stack",)
     gm, inputs = graph_and_inputs()
     with pytest.raises(
-        fp.CheckFailedError,
+        fp.core.CheckFailedError,
         match=r"keeps nn_module_stack, but %mm \(aten.mm.default\) lost meta\['nn_module_stack'\]",
     ):
         fp.Pipeline([forgets]).add_checks(keeps_metadata()).run(gm, inputs)

@@ -87,7 +87,7 @@ def test_a_user_traced_against_the_old_layout_is_flagged_and_the_pass_named():
     gm = _head_norm_gm()
     before = str(gm.graph)
     pipe = fp.Pipeline([PLANTED]).add_checks(require_layouts())
-    with pytest.raises(fp.CheckFailedError) as info:
+    with pytest.raises(fp.core.CheckFailedError) as info:
         pipe.run(gm)
     assert "after pass 'fuse_on_contiguous_copy'" in str(info.value)
     cause = info.value.cause

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from ._common import LOAD, USAGE, WRITE, CliError, emit_json, import_option, stdout
+from ._common import (
+    LOAD,
+    USAGE,
+    WRITE,
+    CliError,
+    check_writable,
+    emit_json,
+    import_option,
+    stdout,
+)
 from ._targets import load_target
 
 __all__ = ["shard_cmd"]
@@ -63,10 +72,13 @@ _DIM = click.IntRange(min=1)
 )
 @click.option("--uneven", type=click.Choice(["error", "replicate"]), default="error",
               help="What to do with layers the ranks do not divide.")  # fmt: skip
+@click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
+              help="Write each rank's HTML report (what each strategy inserted, drawn): "
+              "REPORT for one rank, else REPORT with .rank<r> before its suffix.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @import_option
 def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, sequence_parallel,
-              fuse, uneven, as_json, imports) -> None:  # fmt: skip
+              fuse, uneven, html, as_json, imports) -> None:  # fmt: skip
     """Shard TARGET (a .pt2 file) into one program per rank: rank0.pt2 ... in OUTPUT, with
     plan.json (edit it and pass it back with --plan) and manifest.json (mesh, plan, per-rank
     files, bytes, sha256). Give the number of ranks (-n) or the mesh (--tp, --ep, --pp; the
@@ -83,6 +95,8 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     if output is None and not print_plan:
         raise click.UsageError("give -o/--output (a folder), or --print-plan to only plan")
     out_dir = _output_dir(output) if output else None
+    if html:
+        check_writable(html, "report")
     t = load_target(target, imports=imports)
     if not t.is_exported:
         raise CliError(f"fxpass shard needs an exported program (.pt2), not {t.kind}", LOAD)
@@ -101,8 +115,9 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
         elif plan is not None:
             console.print(plan)
         return
+    reports = _Reports(html, target, mesh.world_size) if html and out_dir is not None else None
     shards = shard(t.program, plan=plan, mesh=None if plan is not None else mesh,
-                   sequence_parallel=sequence_parallel, fuse=fuse)  # fmt: skip
+                   sequence_parallel=sequence_parallel, fuse=fuse, instrument=reports)  # fmt: skip
     if print_plan and not as_json:
         console.print(shards.plan)
     out_dir.mkdir(exist_ok=True)
@@ -111,12 +126,21 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
         manifest = shards.save(out_dir)
     except OSError as e:
         raise CliError(f"cannot write the programs to {out_dir}: {e.strerror or e}", WRITE) from e
+    written = reports.written() if reports is not None else []
     if as_json:
         import json
 
-        emit_json(json.loads(manifest.read_text()))
+        data = json.loads(manifest.read_text())
+        if reports is not None:
+            data["reports"] = [str(p) for p in written]
+        emit_json(data)
         return
     console.print(shards)
+    if reports is not None:
+        console.print(
+            "report: " + (", ".join(str(p) for p in written) or "none (no rank ran a pass)"),
+            markup=False, highlight=False,
+        )  # fmt: skip
     n = shards.world_size
     if fuse:
         fused = _fused(shards)
@@ -126,6 +150,34 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     console.print(
         f"wrote {n} program{'s' if n != 1 else ''}, plan.json and {manifest.name} to {out_dir}"
     )
+
+
+class _Reports:
+    """One :class:`~fxpass.html.HtmlReport` per rank that runs passes (``shard``'s
+    ``instrument``): ``path`` for one rank, else ``path`` with ``.rank<r>`` before its
+    suffix."""
+
+    def __init__(self, path: str, target: str, world_size: int) -> None:
+        self.path, self.target, self.world_size = Path(path), target, world_size
+        self.made: list = []
+
+    def __call__(self, rank: int) -> list:
+        import sys
+
+        from ..html import HtmlReport
+
+        path = self.path
+        if self.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+        info = {"target": self.target, "rank": str(rank),
+                "command": "fxpass " + " ".join(sys.argv[1:])}  # fmt: skip
+        title = f"fxpass shard: {Path(self.target).name}, rank {rank} of {self.world_size}"
+        report = HtmlReport(path, title=title, info=info)
+        self.made.append(report)
+        return [report]
+
+    def written(self) -> list[Path]:
+        return [r.written for r in self.made if r.written is not None]
 
 
 def _fused(shards) -> int:

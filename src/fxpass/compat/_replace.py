@@ -26,9 +26,9 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.subgraph_rewriter import Match
 from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPatterns
 
-from ..core.context import ChangeEvent, current_context
+from ..core.context import current_context
 from ..fxutil.fx import nodes_between, sort_key
-from ..rewrite.rewriter import Rewriter, new_node
+from ..rewrite.rewriter import Rewriter
 from ._subgraph import InternalMatch, SubgraphMatcher
 
 __all__ = ["Match", "ReplacedPatterns", "replace_pattern", "replace_pattern_with_filters"]
@@ -147,9 +147,16 @@ class _Surgeon:
         self.rw = Rewriter(gm, pass_name=in_pass or "replace_pattern")
 
     def replace(self, match: InternalMatch, replacement: Graph) -> ReplacedPatterns | None:
-        ctx = self.rw.ctx
-        if ctx is not None and not ctx.allow():
+        editor = self.rw.editor
+        if not editor.allow():
             return None
+        old = [match.nodes_map[n] for n in self.pattern_nodes]
+        # torch's steps, one change: the run is told once, with the nodes made
+        with editor.change("replace", "replace_pattern", old, location="") as change:
+            return self._replace(match, replacement, change)
+
+    def _replace(self, match: InternalMatch, replacement: Graph, change: Any) -> ReplacedPatterns:
+        editor = self.rw.editor
         placeholders = [n for n in replacement.nodes if n.op == "placeholder"]
         if len(match.placeholder_nodes) != len(placeholders):
             raise AssertionError(
@@ -171,17 +178,14 @@ class _Surgeon:
         donors = {c: g for g, c in zip(match.returning_nodes, returned) if isinstance(c, Node)}
         self._metadata(match, new, donors)
         for gn, copied in zip(match.returning_nodes, returned):
-            gn.replace_all_uses_with(copied)
+            editor.replace_all_uses(gn, copied, "replace_pattern", erase_old=False)
             self.changed[gn] = copied
-        old = [match.nodes_map[n] for n in self.pattern_nodes]
-        erase = self.rw.fast_erase
-        for gn in old:
-            if gn.users or erase is None:
-                self.graph.erase_node(gn)  # raises as torch does if still used
+        for gn in change.old:
+            if gn.users:
+                editor.erase(gn, "replace_pattern")  # raises as torch does: still used
             else:
-                erase(gn)
-        if ctx is not None:
-            ctx.notify(ChangeEvent("replace", "replace_pattern", old, new, 0, ""))
+                editor.erase_all([gn], "replace_pattern")
+        change.new = new
         return ReplacedPatterns(
             anchor=match.anchors[0], nodes_map=match.nodes_map, replacements=replacements
         )
@@ -218,7 +222,9 @@ class _Surgeon:
                 return fx.map_arg(node.args[0], lambda n: val_map[n])
             args = fx.map_arg(node.args, lambda n: val_map[n])
             kwargs = fx.map_arg(node.kwargs, lambda n: val_map[n])
-            copied = new_node(graph, node.op, node.target, args, kwargs, node.name, node.type)
+            copied = self.rw.editor.create(
+                graph, node.op, node.target, args, kwargs, name=node.name, type_expr=node.type
+            )
             copied.meta = copy.copy(node.meta)
             val_map[node] = copied
         return None

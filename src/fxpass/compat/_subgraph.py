@@ -19,11 +19,13 @@ from torch import fx
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalMatch
 
+from ..edit.editor import Editor
 from ..fxutil.fx import out_spec_of, pytree_info, set_pytree_info
 from ..rewrite.interpret import Cont
+from ..rewrite.leaves import Lit, Pattern, Seq, Var, mark_shared
 from ..rewrite.match import MISSING, MatchState
 from ..rewrite.order import TopoOrder, find_cycle
-from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, mark_shared
+from ..rewrite.pattern import P
 from ..rewrite.spelling import Module
 from ..rewrite.torchlike import TorchMatching
 
@@ -339,7 +341,8 @@ def _split_to_graph_and_name_node_map(gm: GraphModule) -> tuple[GraphModule, dic
                 raise AssertionError(
                     "Expecting the input graph to have a dict output as the last element"
                 )
-            n.args = (flattened,)
+            # the user's pattern graph, as torch edits it: no run watches it
+            Editor(None).set_args(n, (flattened,), rule="name_node_map")
             info = pytree_info(gm.graph)
             set_pytree_info(gm.graph, info.orig_args, info.in_spec, out_spec)
     gm.recompile()

@@ -10,3 +10,38 @@ the standard analyses are registered by name.
 
 from . import analyses as _analyses  # noqa: F401  (registers the standard analyses)
 from . import pipeline as _pipeline  # noqa: F401  (registers the passes that nest passes)
+from .context import ChangeEvent, DebugCounter
+from .errors import (
+    CheckFailedError,
+    ConstraintCycleError,
+    FxpassError,
+    NonConvergenceError,
+    OptionError,
+    PassFailedError,
+    SpecError,
+    UnknownPassError,
+)
+from .instrument import Instrumentation, PrintIR, Statistics, Timing
+from .pipeline import instrumented
+from .report import PassRecord
+
+# The machinery beside what a pass author needs at the top level (``fxpass``): every error,
+# the instrumentations, the debug counter, the change events and a report's records.
+__all__ = [
+    "ChangeEvent",
+    "CheckFailedError",
+    "ConstraintCycleError",
+    "DebugCounter",
+    "FxpassError",
+    "Instrumentation",
+    "NonConvergenceError",
+    "OptionError",
+    "PassFailedError",
+    "PassRecord",
+    "PrintIR",
+    "SpecError",
+    "Statistics",
+    "Timing",
+    "UnknownPassError",
+    "instrumented",
+]

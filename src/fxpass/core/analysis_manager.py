@@ -74,7 +74,7 @@ class Analysis:
 
     ``equal(cached, fresh)`` says whether two values agree (verification compares a
     preserved value with a fresh one; the default is ``==``). ``update(value, event)``
-    absorbs one change made through the editor (a :class:`~fxpass.ChangeEvent`) into the
+    absorbs one change made through the editor (a :class:`~fxpass.core.ChangeEvent`) into the
     value, in place, and returns True — or returns False, and the value is dropped. Calling
     the analysis on a module or graph gets its value through the running pipeline's cache.
     """

@@ -39,7 +39,7 @@ import torch
 from torch import fx
 
 from ..fxutil.files import write_atomic
-from ..fxutil.fx import release_name
+from ..fxutil.fx import refill_graph
 from ..fxutil.messages import error_summary, first_line
 from ..fxutil.paths import find_path
 from ..fxutil.values import fake_value, node_val, returns_alias, same_value
@@ -344,17 +344,11 @@ def replace_graph(gm: fx.GraphModule, new: fx.GraphModule) -> None:
     """Make ``gm.graph`` hold ``new``'s nodes, and ``gm`` the tensors and modules they read.
 
     The graph object stays the same (Inductor keeps using it, and a GraphModule's users hold
-    it); this is a restore, not a pass, so it edits the graph below the editor. The
-    module's code is not regenerated (the caller does, when it runs the module)."""
+    it); this is a restore, not a pass, so it edits the graph below the editor
+    (:func:`~fxpass.fxutil.fx.refill_graph`). The module's code is not regenerated (the
+    caller does, when it runs the module)."""
     graph = gm.graph
-    for node in reversed(list(graph.nodes)):  # users go before the nodes they read
-        graph.erase_node(node)
-        release_name(graph, node.name)  # the cached nodes take their names back
-    value_map: dict[fx.Node, fx.Node] = {}
-    out = graph.graph_copy(new.graph, value_map, return_output_node=True)
-    if out is not None:
-        value, old_output = out
-        graph.output(value).meta.update(old_output.meta)
+    refill_graph(graph, new.graph)
     for node in graph.nodes:
         if node.op not in ("get_attr", "call_module"):
             continue

@@ -4,7 +4,7 @@ that compare a pass's output with its input, and preserved analyses (when verifi
 A check is ``check(gm)``: it raises or returns False when the graph is wrong. A check that
 also has ``before_pass(gm, pass) -> state`` and ``after_pass(gm, pass, state, changed)``
 sees each leaf pass's input too (``fxpass.verify.keeps_metadata`` is one). A failure is a
-:class:`~fxpass.CheckFailedError` naming the pass and the check (the run rolls back), or, in
+:class:`~fxpass.core.CheckFailedError` naming the pass and the check (the run rolls back), or, in
 a pipeline that suppresses check failures, a line in the report and a warning.
 """
 

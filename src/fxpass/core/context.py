@@ -86,7 +86,7 @@ class PassContext:
     """
 
     sample_inputs: Sequence[Any] | None = None
-    #: the run's :class:`~fxpass.Instrumentation` objects, called around every pass
+    #: the run's :class:`~fxpass.core.Instrumentation` objects, called around every pass
     instruments: list[Any] = field(default_factory=list)
     debug_counter: DebugCounter | None = None
     enabled: Callable[[str], bool] = _enabled

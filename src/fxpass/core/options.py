@@ -7,7 +7,7 @@ declares them as ``__init__`` parameters. Supported types: ``bool``, ``int``, ``
 type with :class:`Range`: ``max_iterations: Annotated[int, Range(min=1)] = 10``.
 
 This module is the one place option values are checked: a spec is checked while it is
-parsed (a bad value is a :class:`~fxpass.SpecError` pointing at its column), and
+parsed (a bad value is a :class:`~fxpass.core.SpecError` pointing at its column), and
 ``registry.create(name, **options)`` checks Python values the same way.
 """
 

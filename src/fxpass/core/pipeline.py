@@ -9,7 +9,7 @@ What a run guarantees:
 
 * **Order.** Passes run in the order given, adjusted by ordering constraints
   (:meth:`Pipeline.this_before_that`), solved by a stable topological sort. A cycle is a
-  :class:`~fxpass.ConstraintCycleError` naming the passes in it.
+  :class:`~fxpass.core.ConstraintCycleError` naming the passes in it.
 * **Honest "modified".** See :mod:`fxpass.core.contract`. A :class:`Fixpoint` stops as soon
   as one round changes nothing.
 * **Checks.** After each pass that changed the graph: ``graph.lint()`` and the checks added
@@ -205,7 +205,7 @@ class Pipeline(PassGroup, Pass):
         """Run the pipeline on ``gm``; returns a :class:`PassResult` with a ``report``.
 
         ``sample_inputs`` reach lowering passes ``(gm, sample_inputs)``; ``debug_counter``
-        limits how many rewrites the run may make (see :class:`~fxpass.DebugCounter`);
+        limits how many rewrites the run may make (see :class:`~fxpass.core.DebugCounter`);
         ``instrument`` adds instrumentation to this run. A pipeline that breaks what its
         passes need before or after them is refused before it runs.
         """
@@ -224,7 +224,7 @@ class Fixpoint(Pipeline):
     ``max_iterations`` rounds).
 
     If the last allowed round still changed the graph, ``strict=True`` raises
-    :class:`~fxpass.NonConvergenceError` (and the run rolls back); otherwise the report notes
+    :class:`~fxpass.core.NonConvergenceError` (and the run rolls back); otherwise the report notes
     that the fixpoint did not converge.
     """
 

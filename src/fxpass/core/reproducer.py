@@ -33,7 +33,7 @@ from typing import Any
 
 from ..fxutil.messages import first_line
 from .contract import FunctionPass, ObjectPass, Pass, PassResult
-from .errors import FxpassError, SpecError
+from .errors import FxpassError, PassFailedError, SpecError
 from .imports import cwd_on_path, import_modules, resolve_import
 from .instrument import Instrumentation
 from .pipeline import Pipeline
@@ -188,7 +188,7 @@ class CrashReproducer(Instrumentation):
         self.written: list[Path] = []
 
     def after_pipeline(self, pipeline, gm, report, ctx):
-        error = ctx.error
+        error: PassFailedError | None = ctx.error
         if error is None:
             return
         stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -58,7 +58,7 @@ _GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = conte
 def instrumented(*instruments: Instrumentation) -> Iterator[None]:
     """Attach instrumentation to every pipeline run inside the block (backends, the CLI).
 
-    >>> with fxpass.instrumented(fxpass.PrintIR(after_change=True)):   # doctest: +SKIP
+    >>> with fxpass.core.instrumented(fxpass.core.PrintIR(after_change=True)):   # doctest: +SKIP
     ...     torch.compile(model, backend="fxpass")(x)
     """
     with scoped(_GLOBAL_INSTRUMENTS, (*_GLOBAL_INSTRUMENTS.get(), *instruments)):
@@ -191,7 +191,7 @@ class PassGroup:
         """Run the passes on ``gm``; returns a :class:`PassResult` with a ``report``.
 
         ``sample_inputs`` reach lowering passes ``(gm, sample_inputs)``; ``debug_counter``
-        limits how many rewrites the run may make (see :class:`~fxpass.DebugCounter`).
+        limits how many rewrites the run may make (see :class:`~fxpass.core.DebugCounter`).
         """
         if not isinstance(gm, fx.GraphModule):
             raise TypeError(

@@ -29,6 +29,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..edit.editor import Editor
 from ..fxutil.files import write_atomic
 from ..fxutil.fx import make_lazy_module, module_tables, pytree_info, set_pytree_info
 from .errors import FxpassError
@@ -312,17 +313,19 @@ def _decode_graph(data: dict, tensors: dict[str, torch.Tensor], mode: FakeTensor
                 value = torch.nn.Parameter(value, requires_grad=attr["requires_grad"])
         _set_attr(root, target, value, is_buffer="buffer" in attr)
     graph = fx.Graph()
+    builder = Editor(None)  # a graph read back from a file: no run watches it yet
     nodes: dict[str, fx.Node] = {}
     for entry in data["nodes"]:
         args = _decode_value(entry["args"], nodes, tensors)
         kwargs = _decode_value(entry["kwargs"], nodes, tensors)
-        node = graph.create_node(
+        node = builder.create(
+            graph,
             entry["op"],
             _decode_target(entry["target"]),
             tuple(args),
             dict(kwargs),
-            entry["name"],
-            _decode_target(entry["type"]) if "type" in entry else None,
+            name=entry["name"],
+            type_expr=_decode_target(entry["type"]) if "type" in entry else None,
         )
         if node.name != entry["name"]:
             raise GraphFileError(f"node name '{entry['name']}' could not be restored")

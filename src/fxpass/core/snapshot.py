@@ -53,8 +53,8 @@ class GraphSnapshot:
     """The state of a GraphModule (and of the graphs and modules inside it), restorable.
 
     >>> snap = GraphSnapshot.take(gm)      # doctest: +SKIP
-    >>> ...                                # any pass edits gm, then raises
-    >>> snap.restore()                     # gm is node for node what it was
+    >>> ...                                # any pass edits gm, then raises  # doctest: +SKIP
+    >>> snap.restore()                     # gm is node for node what it was  # doctest: +SKIP
     """
 
     __slots__ = ("_classes", "_graphs", "_states", "_versions", "gm")

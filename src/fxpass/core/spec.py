@@ -15,7 +15,7 @@ keeps its registered name. Passes that take a nested pipeline (``fixpoint``,
 ``pipeline``) take one in parentheses. ``str()`` of the parsed pipeline prints the spec back:
 options in ``{a=1 b=2}`` form with their values as written.
 
-Every error is a :class:`~fxpass.SpecError` that points at the column where reading stopped;
+Every error is a :class:`~fxpass.core.SpecError` that points at the column where reading stopped;
 an unknown pass name suggests the closest registered names; a bad option value names the
 option and the type it expects.
 """

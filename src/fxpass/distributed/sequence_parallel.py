@@ -242,6 +242,7 @@ def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
 @REGISTRY.register(
     "sequence_parallel",
     origin="fxpass",
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
     statistics={
         "reduce_scatters": "all-reduces turned into reduce-scatters",
         "all_gathers": "all-gathers inserted where all tokens are needed",

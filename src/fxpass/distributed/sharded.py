@@ -213,9 +213,9 @@ class ShardedPrograms(Sequence):
 # ----- the strategies, as passes over one plan ------------------------------------------------
 @dataclass
 class Strategy:
-    """A parallelism the plan can ask for: ``prepare(stage program, plan, experts)`` follows
-    the plan once for a stage (None: nothing to do there), ``rewrite(prepared, rank,
-    mesh)`` gives the pass each rank runs."""
+    """A parallelism the plan can ask for: ``prepare(stage program, plan, experts, staged)``
+    follows the plan once for a stage (None: nothing to do there), ``rewrite(prepared, rank,
+    mesh, group)`` gives the pass each rank runs."""
 
     name: str
     prepare: Callable[..., Any]
@@ -244,7 +244,7 @@ def _expert_pass(script: ExpertScript, rank: int, mesh: Mesh, group: str) -> Any
 
 
 #: The strategies, in the order their passes run on each rank. Pipeline parallelism is
-#: the cut into stages before them (:mod:`.pipeline`); sequence parallelism and the
+#: the cut into stages before them (:mod:`.stages`); sequence parallelism and the
 #: collective fusion are the plan's options, run after them.
 STRATEGIES = [
     Strategy("tensor_parallel", _prepare_tensor, _tensor_pass),
@@ -339,6 +339,7 @@ def shard(
     fuse: bool | None = None,
     group: str = DEFAULT_GROUP,
     uneven: str = "error",
+    instrument: Callable[[int], Sequence[Any]] | None = None,
 ) -> ShardedPrograms:
     """Shard a captured program: one program per rank of a ``tp x ep x pp`` mesh.
 
@@ -351,7 +352,9 @@ def shard(
     all-reduces into reduce-scatters and all-gathers; ``fuse`` fuses each all-reduce with the
     residual add and RMSNorm after it (default: the plan's options). Collectives run on the
     process group named ``group`` (``"0"``: the default group; with pipeline stages, the
-    groups :func:`init_groups` creates).
+    groups :func:`init_groups` creates). ``instrument(rank)`` gives the instrumentation of
+    rank ``rank``'s run (an :class:`~fxpass.html.HtmlReport` per rank draws the
+    collectives each strategy inserted, with their provenance).
 
     A world size of 1 returns the program unchanged (``[program]``, an empty plan); a
     program with nothing to split raises :class:`ShardError`, and a plan that does not fit
@@ -398,7 +401,8 @@ def shard(
             reports.append(None)
             continue
         target = copy.deepcopy(base) if isinstance(base, fx.GraphModule) else base
-        result = apply(target, Pipeline(passes, name=f"shard rank {rank}"))
+        watch = list(instrument(rank)) if instrument is not None else []
+        result = apply(target, Pipeline(passes, name=f"shard rank {rank}"), instrument=watch)
         programs.append(result.program)
         reports.append(result.report)
     options = {**the_plan.options, "group": group}

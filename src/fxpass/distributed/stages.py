@@ -1,6 +1,6 @@
 """Pipeline stages: a captured program cut into ``N`` programs by a cost model.
 
-``fxpass.pipeline_stages(program, stages=N)`` walks the graph once and, at every point
+``fxpass.distributed.pipeline_stages(program, stages=N)`` walks the graph once and, at every point
 between two compute nodes, counts the activations that cross it. Values that depend on no
 input (position ids, causal masks, rotary tables) are not sent: the stage that reads them
 computes them again. The cuts are chosen among the points a single activation crosses (the
@@ -11,7 +11,7 @@ nodes — the same node names, its own weights — taking the activations it rec
 returning those it sends (the last one: the program's outputs, flat), so it runs under
 ``torch.distributed.pipelining`` (``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``):
 
->>> stages = fxpass.pipeline_stages(program, stages=2)              # doctest: +SKIP
+>>> stages = fxpass.distributed.pipeline_stages(program, stages=2)              # doctest: +SKIP
 >>> stage = stages.pipeline_stage(rank, device="cpu")               # doctest: +SKIP
 >>> schedule = ScheduleGPipe(stage, n_microbatches=4)               # doctest: +SKIP
 
@@ -47,6 +47,7 @@ from torch.export.graph_signature import (
 )
 from torch.utils import _pytree as pytree
 
+from ..edit.editor import Editor
 from ..fxutil.ops import schema_of
 from .plan import ShardError, Stage, plural
 from .sites import target_of
@@ -237,6 +238,7 @@ def _stage_program(
 ) -> ExportedProgram:
     ep = g.ep
     graph = fx.Graph()
+    build = Editor(None, "pipeline_stages")  # a new graph: no run watches it yet
     env: dict[fx.Node, fx.Node] = {}
     needed: set[fx.Node] = set()
     todo = [a for n in nodes for a in n.all_input_nodes] + list(sends)
@@ -248,14 +250,14 @@ def _stage_program(
     inputs, weights = [], []
     for node in ep.graph.nodes:
         if node.op == "placeholder" and node in needed:
-            ph = graph.placeholder(node.name)
+            ph = build.create(graph, "placeholder", node.name)
             ph.meta = dict(node.meta)
             env[node] = ph
             spec = g.weights[node.name]
             weights.append(InputSpec(spec.kind, TensorArgument(ph.name), spec.target,
                                      spec.persistent))  # fmt: skip
     for value in receives:
-        ph = graph.placeholder(value.name)
+        ph = build.create(graph, "placeholder", value.name)
         ph.meta = dict(value.meta)
         env[value] = ph
         inputs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(ph.name), None))
@@ -263,9 +265,9 @@ def _stage_program(
     for node in ep.graph.nodes:
         if node in env or not (node in body or (node in needed and node.op != "placeholder")):
             continue
-        env[node] = graph.node_copy(node, lambda a: env[a])
+        env[node] = build.copy(node, lambda a: env[a], into=graph)
     outs = [env[v] for v in sends]
-    graph.output(tuple(outs))
+    build.create(graph, "output", "output", (tuple(outs),))
     gm = fx.GraphModule(ep.graph_module, graph)
     signature = ExportGraphSignature(
         [*weights, *inputs],

@@ -486,6 +486,7 @@ def script_for(gm: fx.GraphModule, plan: Any, world_size: int) -> TensorScript:
 @REGISTRY.register(
     "tensor_parallel",
     origin="fxpass",
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
     statistics={
         "sharded_weights": "weights cut across ranks",
         "collectives": "collectives inserted",

@@ -15,7 +15,7 @@ class Spelling:
     """How the new nodes of one graph call ops: in an ExecuTorch Edge graph, Edge ops (casts
     and clones as ExecuTorch's dim-order ops where the graph uses them); elsewhere the op.
 
-    >>> target, args, kwargs = Spelling(gm.graph)(aten.clone.default, (x,), {})
+    >>> target, args, kwargs = Spelling(gm.graph)(aten.clone.default, (x,), {})  # doctest: +SKIP
     """
 
     def __init__(self, graph: fx.Graph) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "own_graph",
     "pytree_info",
     "qualified_name",
+    "refill_graph",
     "relink_as_copied",
     "release_name",
     "rename_node",
@@ -112,6 +113,19 @@ def release_name(graph: fx.Graph, name: str) -> None:
     used = getattr(namespace, "_used_names", None)
     if isinstance(used, set):
         used.discard(name)
+
+
+def refill_graph(graph: fx.Graph, source: fx.Graph) -> None:
+    """Make ``graph`` (the same object) hold copies of ``source``'s nodes, with their names
+    and metadata, in place of its own: a restore (of a cached result), not a pass's edit."""
+    for node in reversed(list(graph.nodes)):  # users go before the nodes they read
+        graph.erase_node(node)
+        release_name(graph, node.name)  # the copies take their names back
+    value_map: dict[fx.Node, fx.Node] = {}
+    out = graph.graph_copy(source, value_map, return_output_node=True)
+    if out is not None:
+        value, old_output = out
+        graph.output(value).meta.update(old_output.meta)
 
 
 def graph_end(graph: fx.Graph) -> fx.Node:

@@ -221,8 +221,8 @@ class FakeResults:
     """What ops computed on fake inputs, by the inputs' metadata (static shapes only).
 
     >>> cache = FakeResults()                                   # doctest: +SKIP
-    >>> out = cache.get(op, args, kwargs, mode)                 # None: not known
-    >>> if out is None: out = cache.put(op, args, kwargs, op(*args, **kwargs))
+    >>> out = cache.get(op, args, kwargs, mode)                 # None: not known  # doctest: +SKIP
+    >>> if out is None: out = cache.put(op, args, kwargs, op(*args, **kwargs))  # doctest: +SKIP
 
     A hit is a *fresh* fake tensor (its own storage) with the remembered sizes, strides,
     dtype, device and ``requires_grad``. Never cached: ops that alias an input; calls with a
@@ -310,7 +310,13 @@ class _CannotSay(Exception):
 
 
 def _fake_mode_of(values: Any) -> Any:
-    return detect_fake_mode([v for v in pytree.tree_leaves(values) if _is_fake(v)])
+    """The fake mode of the fake tensors among ``values`` — theirs, not the tracing
+    context's: inside a Dynamo backend the context holds another mode than the graph's
+    example values, and an op on them runs only in their own."""
+    modes = {id(v.fake_mode): v.fake_mode for v in pytree.tree_leaves(values) if _is_fake(v)}
+    if len(modes) > 1:
+        raise AssertionError(f"the values come from {len(modes)} different fake modes")
+    return next(iter(modes.values()), None)
 
 
 def _is_fake(v: Any) -> bool:
@@ -444,7 +450,7 @@ class FakeEvaluator:
         if self.mode is not None:
             return self.mode
         try:
-            mode = detect_fake_mode((args, kwargs, like))
+            mode = _fake_mode_of((args, kwargs, like)) or detect_fake_mode()
         except AssertionError as e:  # example values from different fake modes
             raise ValueError(f"the arguments come from different fake modes: {e}") from None
         if mode is None:

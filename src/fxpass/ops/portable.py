@@ -8,6 +8,7 @@ call was. A decomposition computes what the op's reference kernel computes
 (:mod:`fxpass.ops.reference`; ``tests/ops/test_portable.py`` checks every op, dtype and
 layout), and its results have the layout the unfused ATen ops give.
 
+>>> import torch
 >>> from fxpass.ops.portable import decomposition
 >>> decomposition(torch.ops.fxpass.rms_norm.default)(torch.ones(2, 4), torch.ones(4), 1e-6).shape
 torch.Size([2, 4])

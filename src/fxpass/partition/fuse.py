@@ -43,7 +43,8 @@ import torch
 from torch import fx
 
 from ..core.errors import FxpassError
-from ..fxutil.fx import graph_end, is_erased, release_name, rename_node, sort_key
+from ..edit.editor import Editor
+from ..fxutil.fx import graph_end, is_erased, sort_key
 from .base import Partition, find_cycle
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
 
 #: ``node.meta`` key on every call :func:`fuse_partitions` creates.
 FUSED_META = "fxpass_partition"
+_RULE = "partition"
 
 
 class PartitionCycleError(FxpassError, ValueError):
@@ -110,15 +112,18 @@ def fuse_partitions(
     if mode == "delegate" and delegate is None:
         delegate = _invoke_subgraph()
     out_of_order = False
+    editor = Editor()
     for index, nodes in enumerate(groups):
-        if not nodes:
+        # each fusion is one change a debug counter may veto (a subset of cycle-free
+        # partitions is cycle-free too)
+        if not nodes or not editor.allow():
             continue
         nodes = sorted(nodes, key=sort_key)  # graph order (torch keeps the keys up to date)
-        fused = _Fusion(gm, nodes, names[index], input_order)
+        fused = _Fusion(gm, nodes, names[index], input_order, editor)
         fused.build(mode == "delegate" or always_return_tuple)
         out_of_order |= fused.insert(mode, delegate, index)
     if out_of_order:
-        _stable_toposort(gm.graph)
+        _stable_toposort(gm.graph, editor)
     gm.graph.lint()
     if recompile:
         gm.recompile()
@@ -161,47 +166,53 @@ def _free_names(gm: fx.GraphModule, prefix: str, count: int) -> list[str]:
 class _Fusion:
     """One partition being moved into a submodule."""
 
-    def __init__(self, gm, nodes, name, input_order) -> None:
+    def __init__(self, gm, nodes, name, input_order, editor: Editor) -> None:
         self.gm = gm
+        self.editor = editor
         self.nodes = nodes
         self.members = Partition(nodes=nodes)  # in graph order
         self.name = name
         self.input_order = input_order
 
     def build(self, as_tuple: bool) -> None:
+        """The submodule's graph: a new one, no run watches it yet."""
         sub = fx.Graph()
+        editor = self.editor
         self.inputs = self.members.inputs
         if self.input_order == "graph":
             self.inputs.sort(key=sort_key)
         env: dict[fx.Node, fx.Node] = {}
         for x in self.inputs:
-            ph = sub.placeholder(x.name, type_expr=x.type)
+            ph = editor.create(sub, "placeholder", x.name, type_expr=x.type)
             ph.meta = copy.copy(x.meta)
             env[x] = ph
         for node in self.nodes:
-            env[node] = sub.node_copy(node, env.__getitem__)
+            env[node] = editor.copy(node, env.__getitem__, into=sub)
         self.outputs = self.members.outputs
         results = tuple(env[n] for n in self.outputs)
         self.tuple_output = as_tuple or len(results) != 1
-        sub.output(results if self.tuple_output else results[0])
+        editor.create(sub, "output", "output", (results if self.tuple_output else results[0],))
         sub.lint()
         self.module = fx.GraphModule(self.gm, sub, class_name=self.name)
 
     def insert(self, mode: str, delegate: Any, index: int) -> bool:
-        gm, graph, last = self.gm, self.gm.graph, self.nodes[-1]
+        """Call the submodule where the partition was (one change); True if a user of its
+        results now comes before the call."""
+        gm, nodes, editor = self.gm, self.nodes, self.editor
         gm.add_submodule(self.name, self.module)
-        with graph.inserting_before(last.next):
+        with editor.change("replace", _RULE, nodes):
+            where = {"rule": _RULE, "origin": nodes, "before": nodes[-1].next, "inherit": False}
             if mode == "module":
-                call = graph.call_module(self.name, tuple(self.inputs))
+                call = editor.insert(self.name, tuple(self.inputs), op="call_module", **where)
             else:
-                attr = graph.get_attr(self.name)
+                attr = editor.insert(self.name, op="get_attr", **where)
                 args = (attr, self.name) if delegate is _invoke_subgraph() else (attr,)
-                call = graph.call_function(delegate, (*args, *self.inputs))
-        self.call = call
-        call.meta.update(self._call_meta(index))
-        out_of_order = self._rewire(call)
-        for node in reversed(self.nodes):
-            graph.erase_node(node)
+                call = editor.insert(delegate, (*args, *self.inputs), **where)
+            self.call = call
+            call.meta.update(self._call_meta(index))
+            out_of_order = self._rewire(call)
+            for node in reversed(nodes):
+                editor.erase(node, _RULE)
         return out_of_order
 
     def _call_meta(self, index: int) -> dict[str, Any]:
@@ -226,23 +237,29 @@ class _Fusion:
 
     def _rewire(self, call: fx.Node) -> bool:
         """Point the outputs' users at the call; True if a user now precedes it."""
-        graph = self.gm.graph
+        editor = self.editor
         replacements: list[tuple[fx.Node, fx.Node]] = []
         if not self.tuple_output:
             replacements.append((self.outputs[0], call))
         else:
-            with graph.inserting_before(call.next):
-                for i, orig in enumerate(self.outputs):
-                    getter = graph.call_function(operator.getitem, (call, i))
-                    replacements.append((orig, getter))
+            anchor = call.next
+            for i, orig in enumerate(self.outputs):
+                getter = editor.insert(
+                    operator.getitem, (call, i), rule=_RULE, origin=[orig], before=anchor
+                )
+                replacements.append((orig, getter))
         out_of_order = False
         for orig, new in replacements:
             for user in orig.users:
                 if user not in self.members and sort_key(user) < sort_key(new):
                     out_of_order = True
             meta = dict(new.meta)
-            new.meta = {**orig.meta, **meta} if new is call else dict(orig.meta)
-            orig.replace_all_uses_with(new, delete_user_cb=lambda u: u not in self.members)
+            if new is not call:  # it stands for ``orig``: its metadata, and its provenance
+                meta = {k: meta[k] for k in ("from_node", "fxpass_provenance")}
+            new.meta = {**orig.meta, **meta}
+            editor.replace_all_uses(
+                orig, new, _RULE, erase_old=False, only=lambda u: u not in self.members
+            )
         return out_of_order
 
 
@@ -260,8 +277,9 @@ def _common_module_stack(nodes: Sequence[fx.Node]) -> dict | None:
     return dict(common)
 
 
-def _stable_toposort(graph: fx.Graph) -> None:
-    """Reorder nodes topologically, keeping the current order wherever it is already valid."""
+def _stable_toposort(graph: fx.Graph, editor: Editor) -> None:
+    """Reorder nodes topologically, keeping the current order wherever it is already valid
+    (one change, the fusions' consequence: the debug counter allowed them)."""
     nodes = list(graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     waiting = {n: len(n.all_input_nodes) for n in nodes}
@@ -278,10 +296,13 @@ def _stable_toposort(graph: fx.Graph) -> None:
     if len(order) != len(nodes):
         raise PartitionCycleError("the fused graph has a cycle")  # checked before; defensive
     cursor = graph_end(graph)
-    for node in order:
-        if cursor.next is not node:
-            cursor.append(node)
-        cursor = node
+    with editor.change("modify", f"{_RULE}.order") as change:
+        change.new = []
+        for node in order:
+            if cursor.next is not node:
+                editor.move(node, after=cursor, rule=change.rule)
+                change.new.append(node)
+            cursor = node
 
 
 def fused_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -299,11 +320,13 @@ def unfuse(
     """
     wanted = None if names is None else set(names)
     count = 0
+    editor = Editor()
     for call in fused_nodes(gm):
         name = call.meta[FUSED_META]["name"]
-        if wanted is not None and name not in wanted:
+        if (wanted is not None and name not in wanted) or not editor.allow():
             continue
-        _inline(gm, call, name)
+        with editor.change("replace", "unfuse", [call]) as change:
+            change.new = _inline(gm, call, name, editor)
         count += 1
     if count:
         gm.graph.lint()
@@ -312,7 +335,8 @@ def unfuse(
     return count
 
 
-def _inline(gm: fx.GraphModule, call: fx.Node, name: str) -> None:
+def _inline(gm: fx.GraphModule, call: fx.Node, name: str, editor: Editor) -> list[fx.Node]:
+    """Put the nodes of the submodule ``call`` calls back in its place; returns them."""
     graph = gm.graph
     sub: fx.GraphModule = getattr(gm, name)
     if call.op == "call_module":
@@ -329,22 +353,21 @@ def _inline(gm: fx.GraphModule, call: fx.Node, name: str) -> None:
         for node in sub.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
-            env[node] = graph.node_copy(node, env.__getitem__)
+            env[node] = editor.copy(node, env.__getitem__, into=graph)
             copies.append((env[node], node.name))
     result = fx.node.map_arg(sub.graph.output_node().args[0], env.__getitem__)
     for user in list(call.users):
         if isinstance(result, (tuple, list)) and user.target is operator.getitem:
-            user.replace_all_uses_with(result[user.args[1]])
-            graph.erase_node(user)
+            editor.replace_all_uses(user, result[user.args[1]], "unfuse")
     if call.users:
-        call.replace_all_uses_with(result)
-    graph.erase_node(call)
+        editor.replace_all_uses(call, result, "unfuse", erase_old=False)
+    editor.erase(call, "unfuse")
     if attr is not None and not attr.users:
-        graph.erase_node(attr)
+        editor.erase(attr, "unfuse")
     delattr(gm, name)
     live = {n.name for n in graph.nodes}
     for node, original in copies:
         if node.name != original and original not in live:
-            release_name(graph, original)
-            rename_node(node, original)
+            editor.rename(node, original, rule="unfuse")
             live.add(original)
+    return [node for node, _ in copies]

@@ -22,7 +22,7 @@ from typing import Literal
 
 from torch import fx
 
-from ..core.context import ChangeEvent, current_context
+from ..core.context import stat
 from ..core.registry import register
 from ..fxutil.fx import is_exported_graph
 from ..partition.capability import capability_partitions
@@ -38,6 +38,9 @@ __all__ = ["partition"]
         "partitions": "partitions fused into one call each",
         "nodes": "nodes moved into the fused submodules",
     },
+    # the calls and their getitems: provenance naming what they replaced, the stack traces
+    # of the nodes moved (a value or module stack for the call is not always there to keep)
+    keeps=("stack_trace", "provenance"),
 )
 def partition(
     gm: fx.GraphModule,
@@ -71,27 +74,13 @@ def partition(
         allowed_single_node_partition_ops=allowed_single_node_partition_ops,
         horizontal=horizontal,
     )
-    ctx = current_context()
-    actions: list[int] = []
-    if ctx is not None:  # each fusion is one rewrite a debug counter may veto
-        kept = []
-        for part in parts:
-            if ctx.allow():
-                kept.append(part)
-                actions.append(ctx.actions)
-        parts = kept
-    if not parts:
-        return False
     before = set(fused_nodes(gm))
+    # fuse_partitions asks the debug counter before each fusion and tells the run about it
     fuse_partitions(gm, parts, prefix=prefix, mode=mode, recompile=False)
     calls = [call for call in fused_nodes(gm) if call not in before]
-    if ctx is not None:
-        for call in calls:
-            info = call.meta[FUSED_META]
-            event = ChangeEvent("replace", "partition", info["nodes"], [call.name])
-            event.index = actions[info["index"]]
-            ctx.notify(event)
-        ctx.stat("partitions", len(parts))
-        ctx.stat("nodes", sum(len(p) for p in parts))
+    if not calls:
+        return False
+    stat("partitions", len(calls))
+    stat("nodes", sum(len(call.meta[FUSED_META]["nodes"]) for call in calls))
     gm.recompile()
     return True

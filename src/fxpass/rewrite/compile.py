@@ -28,7 +28,8 @@ from ._state import MISSING
 from .arguments import rank
 from .constraint import lit_eq
 from .interpret import strict_ok
-from .pattern import AnyOf, Const, Lit, P, Pattern, Seq, Var
+from .leaves import AnyOf, Const, Lit, Pattern, Seq, Var
+from .pattern import P
 
 __all__ = ["CompiledMatcher", "compile_rule"]
 

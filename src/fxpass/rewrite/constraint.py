@@ -1,6 +1,11 @@
 """What a pattern checks on a value: literal equality and constraints on ``meta['val']``.
 
->>> Constraint(dtype=torch.float32, rank=2).failure(node)   # None, or why not
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> node = next(iter(make_fx(torch.relu)(torch.randn(2, 3)).graph.nodes))
+>>> Constraint(dtype=torch.float32, rank=2).failure(node)   # None: it holds
+>>> Constraint(dtype=torch.float16).failure(node)           # or why not
+'dtype of %arg0_1 is torch.float32, expected torch.float16'
 """
 
 from __future__ import annotations

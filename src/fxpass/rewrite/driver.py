@@ -1,16 +1,25 @@
 """Drivers: apply rules to a graph once, or to a fixpoint with a worklist; rule sets.
 
->>> from fxpass.rewrite import rewrite
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from fxpass.rewrite import P, Rule, rewrite
+>>> x = P.var("x")
+>>> my_rules = [Rule(P(torch.ops.aten.mul.Tensor, x, 1), lambda x: x, name="mul_one")]
+>>> gm = make_fx(lambda t: (t * 1) * 1)(torch.randn(2, 3))
 >>> result = rewrite(gm, my_rules)              # to a fixpoint
->>> result = rewrite(gm, my_rules, once=True)   # one walk over the graph
 >>> print(result)                               # rewrites and per-rule statistics
+2 rewrites (fixpoint) in ... ms
+  rule       tried matched rewritten       ms
+  mul_one        2       2         2     ...
+>>> rewrite(gm, my_rules, once=True).rewrites   # one walk over the graph: nothing left
+0
 
 Both walk the graph in order and, at each node, try the rules filed under its op in
 priority order; the first that matches and does not decline is applied. Overlapping
 matches are thus resolved deterministically: the earliest root in graph order wins, then the
 earliest rule. The fixpoint driver then revisits what each rewrite touched (the new nodes,
 their users, and the users of the match's inputs) until nothing matches, and stops with
-:class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites.
+:class:`~fxpass.core.NonConvergenceError` after ``max_rewrites`` rewrites.
 
 A :class:`RuleSet` is rules as data (an ordered list, composed with ``+``) that runs as a
 pass through these drivers.
@@ -261,7 +270,7 @@ class RuleSet(Pass):
     """An ordered set of rules, run as one pass. Rule sets compose with ``+``.
 
     ``once=False`` (default) rewrites to a fixpoint with a worklist, raising
-    :class:`~fxpass.NonConvergenceError` after ``max_rewrites`` rewrites (default: ten per
+    :class:`~fxpass.core.NonConvergenceError` after ``max_rewrites`` rewrites (default: ten per
     node); ``once=True`` walks the graph once and does not revisit what it created.
     Earlier rules win where several match at the same node.
     """

@@ -1,9 +1,19 @@
 """Explain a miss: why a rule did not match at a node, or anywhere in a graph.
 
->>> from fxpass.rewrite import explain
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from fxpass.rewrite import P, Rule, explain, rules
+>>> x = P.var("x")
+>>> rule = Rule(P(torch.ops.aten.mul.Tensor, x, 1), lambda x: x, name="mul_one")
+>>> gm = make_fx(lambda t: (t * 1).relu())(torch.randn(2, 3))
+>>> node = list(gm.graph.nodes)[-2]
 >>> print(explain(rule, node))      # the first constraint that failed at this node
+rule 'mul_one' (...) at %relu: no match: wrong op at the root: the rule starts at aten.mul.Tensor, %relu is aten.relu.default
 >>> print(explain(rule, gm))        # where it matched, and its closest miss
+rule 'mul_one' (...): matches at 1 of 1 candidate nodes: %mul
+>>> rule_set = rules("simplify", [rule])
 >>> print(explain(rule_set, gm))    # the same for every rule of a set
+rule 'mul_one' (...): matches at 1 of 1 candidate nodes: %mul
 
 :class:`Explainer` replays the search — the interpreter with its handlers overridden to
 say why each check failed, as tinygrad swaps in a tracking matcher — and keeps the failure
@@ -29,8 +39,9 @@ from ..fxutil.views import view_base_name
 from ._state import MISSING, MatchState
 from .constraint import constant_number, fn_name, lit_eq, show
 from .interpret import Cont, Interpreter, always, is_a, strict_ok
+from .leaves import AnyOf, Pattern
 from .match import attempt
-from .pattern import AnyOf, P, Pattern
+from .pattern import P
 from .region import Failure, complete, lazy_order
 from .rule import Rule, as_rule
 from .spelling import CAST_OPS, node_key, op_name

@@ -23,7 +23,8 @@ from ..fxutil.dialect import aten_op
 from ._state import MISSING, MatchState
 from .arguments import Layout
 from .constraint import constant_number, lit_eq
-from .pattern import AnyOf, Const, Lit, P, Pattern, Scalar, Seq, Through, Var
+from .leaves import AnyOf, Const, Lit, Pattern, Scalar, Seq, Through, Var
+from .pattern import P
 from .region import Match, complete
 
 __all__ = ["Interpreter", "strict_ok"]

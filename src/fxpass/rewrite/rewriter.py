@@ -21,17 +21,10 @@ from torch.fx.node import map_aggregate
 from torch.fx.proxy import GraphAppendingTracer
 
 from ..core.errors import FxpassError
-from ..edit.editor import Editor
+from ..edit.editor import Change, Editor
 from ..edit.location import short
 from ..fxutil.dialect import edge_call, graph_is_edge, uses_dim_order
-from ..fxutil.fx import (
-    dead_node_eraser,
-    default_node_name,
-    is_erased,
-    nodes_between,
-    set_args_kwargs,
-    sort_key,
-)
+from ..fxutil.fx import is_erased, nodes_between
 from .constraint import value_of
 from .match import RuleStats
 from .metadata import MetaPropagator
@@ -50,10 +43,20 @@ class RewriteError(FxpassError):
 
 
 class _Tracer(GraphAppendingTracer):
-    """Appends proxy calls to the graph at its insertion point (a lean ``create_proxy``)."""
+    """Appends proxy calls to the graph at its insertion point, through the editor (a lean
+    ``create_proxy``)."""
+
+    def __init__(self, graph: fx.Graph, editor: Editor) -> None:
+        super().__init__(graph)
+        self.editor = editor
 
     def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None, *_, **__):
-        node = new_node(self.graph, kind, target, args, kwargs, name, type_expr)
+        # unwrap first: an argument may create its node on demand (torch's ``x.shape`` proxy)
+        args = map_aggregate(args, _unwrap)
+        kwargs = map_aggregate(kwargs, _unwrap)
+        node = self.editor.create(
+            self.graph, kind, target, args, kwargs, name=name, type_expr=type_expr
+        )
         return _Proxy(node, self)
 
 
@@ -61,8 +64,11 @@ class _Proxy(Proxy):
     """torch's Proxy with a leaner ``__torch_function__`` (no pytree walks per call)."""
 
     def __getitem__(self, key: Any) -> _Proxy:
-        node = new_node(self.tracer.graph, "call_function", operator.getitem, (self.node, key), {})
-        return _Proxy(node, self.tracer)
+        tracer = self.tracer
+        node = tracer.editor.create(
+            tracer.graph, "call_function", operator.getitem, (self.node, key)
+        )
+        return _Proxy(node, tracer)
 
     @classmethod
     def __torch_function__(cls, orig, types, args=(), kwargs=None):
@@ -92,39 +98,15 @@ def _tracer_in(args: tuple) -> Any:
     return None
 
 
+def replacement_editor(bindings: Iterable[Any]) -> Editor:
+    """The editor of the rewrite whose replacement got these bindings (their proxies'
+    tracer's), or one for the running pass."""
+    tracer = _tracer_in(tuple(bindings))
+    return tracer.editor if isinstance(tracer, _Tracer) else Editor()
+
+
 def _unwrap(a: Any) -> Any:
     return a.node if isinstance(a, Proxy) else a
-
-
-_NAMES: dict[int, tuple[Any, str]] = {}
-
-
-def new_node(
-    graph: fx.Graph,
-    op: str,
-    target: Any,
-    args: tuple,
-    kwargs: dict,
-    name: str | None = None,
-    type_expr: Any = None,
-) -> Node:
-    """``graph.create_node`` at the insertion point, arguments set after creation.
-
-    Same node as ``create_node`` makes; setting the arguments afterwards skips its scan of
-    every argument for raw symbolic values, a third of its cost.
-    """
-    if name is None:  # the name torch derives from the target, computed once per target
-        hit = _NAMES.get(id(target))
-        if hit is None or hit[0] is not target:
-            hit = _NAMES[id(target)] = (target, default_node_name(graph, target))
-        name = hit[1]
-    # unwrap first: an argument may create its node on demand (torch's ``x.shape`` proxy)
-    args = map_aggregate(args, _unwrap)
-    kwargs = map_aggregate(kwargs, _unwrap)
-    node = graph.create_node(op, target, (), {}, name, type_expr)
-    if args or kwargs:
-        set_args_kwargs(node, args, kwargs)
-    return node
 
 
 class Rewriter:
@@ -141,9 +123,8 @@ class Rewriter:
         self.pass_name = self.editor.pass_name
         self._order: TopoOrder | None = None
         self._dim_order: bool | None = None
-        self._tracer = _Tracer(self.graph)
+        self._tracer = _Tracer(self.graph, self.editor)
         self.meta = MetaPropagator()
-        self.fast_erase = dead_node_eraser(self.graph)  # None: use graph.erase_node
         self.rewrites = 0
         self.created: list[Node] = []  # new nodes of the last rewrite
 
@@ -169,6 +150,23 @@ class Rewriter:
             if stats is not None:
                 stats.skipped += 1
             return False
+        # one change: told once, when the block ends; a replacement that raises tells nobody
+        with editor.change("replace", rule.name, match.nodes, location=rule.location) as change:
+            new = self._replace(match, change)
+        if new is None:
+            if stats is not None:
+                stats.declined += 1
+            return False
+        self.rewrites += 1
+        self.created = new
+        if stats is not None:
+            stats.rewritten += 1
+        return True
+
+    def _replace(self, match: Match, change: Change) -> list[Node] | None:
+        """The edits of one rewrite (inside its change); the new nodes, or None (declined)."""
+        rule = match.rule
+        editor = self.editor
         outputs = match.outputs
         anchor = outputs[0]
         movers: list[Node] = []
@@ -178,18 +176,17 @@ class Rewriter:
             movers = users_before(order, outputs, set(match.nodes), order[anchor])
         new, values = self._build(match, anchor)
         if values is None:
-            if stats is not None:
-                stats.declined += 1
-            return False
+            change.cancel()
+            return None
         if graph_is_edge(match.nodes):
-            _to_edge(new, self.dim_order())  # an Edge graph gets Edge ops
+            _to_edge(new, self.dim_order(), editor, rule.name)  # an Edge graph gets Edge ops
         donors = {v: o for o, v in zip(outputs, values) if v in new}
         self.meta.values(new, donors, match.root)
         if match.chains:
             values = self._replay(match, new, values, anchor)
             donors = {v: o for o, v in zip(outputs, values) if v in new}
         for m in movers:  # readers of an inner output must follow the replacement
-            anchor.prepend(m)
+            editor.move(m, before=anchor, rule=rule.name)
         self.meta.provenance(
             new,
             donors,
@@ -203,22 +200,18 @@ class Rewriter:
         new_set = set(new)
         for old, value in zip(outputs, values):
             if value is not old:
-                old.replace_all_uses_with(
-                    value, delete_user_cb=lambda u: u not in new_set, propagate_meta=False
+                editor.replace_all_uses(
+                    old, value, rule.name, erase_old=False, only=lambda u: u not in new_set
                 )
-        self._erase_dead([*match.dropped, *match.nodes])
+        editor.erase_all([*match.dropped, *match.nodes], rule.name)
         if match.seen_through:  # their readers inside the match are gone now
-            self._erase_dead(_with_dropped_users(match.seen_through, rule.drop_users))
+            editor.erase_all(_with_dropped_users(match.seen_through, rule.drop_users), rule.name)
         unused = [n for n in new if not n.users and not n.is_impure()]
         if unused:  # e.g. a fused op's second result when the old value had no other reader
-            self._erase_dead(unused)
+            editor.erase_all(unused, rule.name)
             new = [n for n in new if not is_erased(n)]
-        self.rewrites += 1
-        self.created = new
-        if stats is not None:
-            stats.rewritten += 1
-        editor.notify("replace", rule.name, match.nodes, new, rule.location)
-        return True
+        change.new = new
+        return new
 
     def erase(self, node: Node, rule: str, location: str = "") -> bool:
         """Erase ``node``, which nothing uses. False if the context said no."""
@@ -227,9 +220,8 @@ class Rewriter:
         editor = self.editor
         if not editor.allow():
             return False
-        self._erase_dead([node])
+        editor.erase(node, rule, location=location)
         self.rewrites += 1
-        editor.notify("erase", rule, [node], (), location)
         return True
 
     def _build(self, match: Match, anchor: Node) -> tuple[list[Node], list[Node] | None]:
@@ -279,7 +271,9 @@ class Rewriter:
             cur = value
             with self.graph.inserting_before(anchor):
                 for c in chain:
-                    cur = new_node(self.graph, c.op, c.target, (cur, *c.args[1:]), dict(c.kwargs))
+                    cur = self.editor.create(
+                        self.graph, c.op, c.target, (cur, *c.args[1:]), dict(c.kwargs)
+                    )
                     made.append(cur)
             self.meta.values(made, {cur: old}, match.root)
             new.extend(made)
@@ -329,25 +323,11 @@ class Rewriter:
         return values
 
     def _undo(self, nodes: Sequence[Node]) -> None:
+        """Take back the nodes a replacement made (inside its change, which then tells
+        nobody: it raises or is cancelled)."""
         for n in reversed(nodes):
             if not is_erased(n):
-                self.graph.erase_node(n)
-
-    def _erase_dead(self, nodes: Iterable[Node]) -> list[Node]:
-        """Erase the nodes (users first) that nothing uses any more; returns them."""
-        todo = [n for n in nodes if not is_erased(n)]
-        todo.sort(key=sort_key, reverse=True)
-        out = []
-        graph = self.graph
-        fast = self.fast_erase
-        for n in todo:
-            if not n.users and not is_erased(n):
-                if fast is not None:
-                    fast(n)
-                else:
-                    graph.erase_node(n)
-                out.append(n)
-        return out
+                self.editor.erase(n, "undo")
 
 
 def _wrap(v: Any, tracer: Any) -> Any:
@@ -373,7 +353,7 @@ def _shape(node: Node) -> Any:
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def _to_edge(nodes: Iterable[Node], dim_order: bool) -> None:
+def _to_edge(nodes: Iterable[Node], dim_order: bool, editor: Editor, rule: str) -> None:
     """Call the Edge spelling of each op among ``nodes``: ATen ops become Edge ops (casts and
     clones ExecuTorch's dim-order ops where the graph uses them), and a fused op wears the
     Edge wrapper of the same ``torch.ops.fxpass`` op (ExecuTorch's Edge verifier asks every
@@ -384,6 +364,5 @@ def _to_edge(nodes: Iterable[Node], dim_order: bool) -> None:
                 target, _, kwargs = edge_call(n.target, n.args, n.kwargs, dim_order=dim_order)
             except AttributeError:  # no Edge spelling: leave it, ExecuTorch's verifier says so
                 continue
-            n.target = target
-            if kwargs is not n.kwargs:
-                n.kwargs = kwargs
+            changed = kwargs if kwargs is not n.kwargs else None
+            editor.set_target(n, target, kwargs=changed, rule=rule)

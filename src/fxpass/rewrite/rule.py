@@ -1,14 +1,19 @@
 """Rules: a pattern, what to put in its place, and how the match may touch the graph.
 
->>> import fxpass as fp
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
 >>> from fxpass.rewrite import P, Rule, rules
 >>> aten = torch.ops.aten
 >>> x = P.var("x")
 >>> identities = rules("identities", [
 ...     (P(aten.mul.Tensor, x, 1), lambda x: x),     # one line per rewrite
-...     (P(aten.add.Tensor, x, 0), lambda x: x),
+...     Rule(P(aten.add.Tensor, x, 0), lambda x: x, name="add_zero"),
 ... ])
->>> result = identities(gm)                            # a RuleSet is a pass
+>>> gm = make_fx(lambda t: (t * 1 + 0).relu())(torch.randn(2, 3))
+>>> identities(gm).modified                        # a RuleSet is a pass
+True
+>>> [n.name for n in gm.graph.nodes]
+['t_1', 'relu', 'output']
 
 A replacement is a function whose parameters are names the pattern binds (plus ``match``
 for the :class:`~fxpass.rewrite.Match`). It is called with graph values wrapped as FX
@@ -29,9 +34,9 @@ from torch.fx import Node
 
 from ..edit.location import caller_location, short
 from ._state import MISSING
+from .leaves import Pattern, mark_shared
 from .match import match_at
 from .pattern import P as _Op
-from .pattern import Pattern, mark_shared
 from .region import Match
 
 __all__ = ["DROPPABLE_USERS", "Rule", "as_rule"]

@@ -20,7 +20,8 @@ from ._state import MISSING, MatchState
 from .arguments import Layout
 from .constraint import lit_eq, lit_eq_exact
 from .interpret import Cont, Interpreter, always
-from .pattern import P, Var
+from .leaves import Var
+from .pattern import P
 
 __all__ = ["TorchMatching"]
 

@@ -1,5 +1,6 @@
 """Traced patterns: a pattern and its replacement written as ordinary PyTorch functions.
 
+>>> import torch
 >>> from fxpass.rewrite import traced_rule
 >>> def pattern(x, residual, weight, eps):
 ...     s = x + residual
@@ -9,7 +10,10 @@
 >>> def replacement(x, residual, weight, eps):
 ...     out = torch.ops.fxpass.fused_add_rmsnorm(x, residual, weight, eps)
 ...     return out[0], out[1]
+>>> example_inputs = (torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), 1e-6)
 >>> rule = traced_rule(pattern, replacement, example_inputs, ir="aten")
+>>> rule.pattern                     # eps is a wildcard, captured as ``eps``
+aten.mul.Tensor(weight, aten.mul.Tensor(aten.add.Tensor(x, residual)..., const(eps)))))
 
 Both functions are traced once, with the example inputs, into the same IR as the graph the
 rule will run on — patterns only match graphs of their own dialect:
@@ -48,8 +52,10 @@ from torch.fx import Node
 from torch.fx.node import map_aggregate
 
 from ..core.errors import FxpassError
+from ..edit.editor import Editor
 from ..edit.location import caller_location
-from .pattern import Const, P, Pattern, Var
+from .leaves import Const, Pattern, Var
+from .pattern import P
 from .rule import Rule
 
 __all__ = ["IRS", "Replacement", "TraceError", "pattern_from_graph", "trace", "traced_rule"]
@@ -217,11 +223,13 @@ _TRACERS: dict[str, Callable] = {
 
 
 def _drop_dead(graph: fx.Graph) -> None:
-    """Remove assertion nodes and anything the outputs do not need."""
+    """Remove assertion nodes and anything the outputs do not need (from a function just
+    traced: a scratch graph no run watches)."""
+    editor = Editor(None)
     for node in reversed(list(graph.nodes)):
         computes = node.op in ("call_function", "call_method", "call_module", "get_attr")
         if computes and not node.users:  # export's asserts, values the outputs do not need
-            graph.erase_node(node)
+            editor.erase(node, "trace")
 
 
 # ----- graph -> pattern --------------------------------------------------------------------
@@ -334,9 +342,10 @@ class Replacement:
         self.output = next(n for n in graph.nodes if n.op == "output")
 
     def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
-        from .rewriter import _unwrap, new_node
+        from .rewriter import _unwrap, replacement_editor
 
         graph = match.graph
+        editor = replacement_editor(bindings.values())
         env: dict[Node, Any] = {}
         for ph, name in self.names.items():
             if name not in bindings:
@@ -354,7 +363,7 @@ class Replacement:
             return bindings[name] if name is not None else a
 
         for n in self.nodes:
-            env[n] = new_node(
+            env[n] = editor.create(
                 graph, n.op, n.target, map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
             )
         result = map_aggregate(self.output.args[0], arg)

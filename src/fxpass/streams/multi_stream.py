@@ -44,6 +44,7 @@ __all__ = ["multi_stream"]
 @register(
     "multi_stream",
     origin="fxpass",
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance", "stream"),
     statistics={
         "regions": "independent regions found",
         "regions_split": "regions the cost model put on several streams",

@@ -34,6 +34,7 @@ Guards, recompilation and dynamic shapes are Dynamo's business: the backend is c
 per graph Dynamo produces, exactly as a stock backend would be.
 
 >>> compiled = torch.compile(model, backend="fxpass")                         # doctest: +SKIP
+>>> import fxpass
 >>> be = fxpass.backend("remove_assert_ops,fuse_add_rmsnorm", ir="aten", compiler="eager")
 >>> compiled = torch.compile(model, backend=be)                               # doctest: +SKIP
 >>> be.reports[0]        # what the passes did to the first graph             # doctest: +SKIP

@@ -52,7 +52,8 @@ from torch.export.graph_signature import (
 
 from ..core.context import scoped
 from ..core.errors import FxpassError
-from ..fxutil.fx import EXPORTED_META, copy_sharing_specs, release_name, rename_node
+from ..edit.editor import Editor
+from ..fxutil.fx import EXPORTED_META, copy_sharing_specs, last_node
 from ..fxutil.paths import del_path, find_path
 from .pt2 import load as _load_pt2
 from .runner import Runner
@@ -143,7 +144,7 @@ def program_context() -> ProgramContext | None:
     """The ExportedProgram the passes now running belong to (None for a plain GraphModule).
 
     >>> ctx = program_context()                       # doctest: +SKIP
-    >>> if ctx is not None and ctx.input_spec(node).kind == InputKind.PARAMETER:
+    >>> if ctx is not None and ctx.input_spec(node).kind == InputKind.PARAMETER:  # doctest: +SKIP
     ...     weight = ctx.value(node)                  # the real tensor
     """
     return _ACTIVE.get()
@@ -192,16 +193,25 @@ def _attr_name(gm: fx.GraphModule, name: str) -> str:
     return candidate
 
 
-def add_constant(gm: fx.GraphModule | fx.Graph, name: str, tensor: torch.Tensor) -> fx.Node:
+def add_constant(
+    gm: fx.GraphModule | fx.Graph,
+    name: str,
+    tensor: torch.Tensor,
+    *,
+    origin: Sequence[fx.Node] = (),
+) -> fx.Node:
     """Add ``tensor`` to the module as a constant and return a ``get_attr`` node reading it.
 
     The node is placed after the placeholders (so it comes before every use) and gets
-    ``meta["val"]``. In a plain GraphModule it stays a ``get_attr``; when the passes run on
-    an ExportedProgram it becomes a lifted ``CONSTANT_TENSOR`` input with its value in
-    ``program.constants`` — a pass never edits a spec.
+    ``meta["val"]``; it is inserted through the running pass's editor (the run is told),
+    with ``origin`` — the nodes the constant was computed from, e.g. the ``permute`` of a
+    weight it folds — as its provenance (``from_node``). In a plain GraphModule it stays a
+    ``get_attr``; when the passes run on an ExportedProgram it becomes a lifted
+    ``CONSTANT_TENSOR`` input with its value in ``program.constants`` — a pass never edits a
+    spec.
 
-    >>> w = add_constant(gm, "folded_weight", weight.t().contiguous())   # doctest: +SKIP
-    >>> node.replace_input_with(old, w)                                  # doctest: +SKIP
+    >>> w = add_constant(gm, "folded_weight", weight.t().contiguous(), origin=[t])  # doctest: +SKIP
+    >>> editor.replace_input(node, t, w, rule="fold")                              # doctest: +SKIP
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"add_constant takes a tensor, got {type(tensor).__name__}")
@@ -211,10 +221,17 @@ def add_constant(gm: fx.GraphModule | fx.Graph, name: str, tensor: torch.Tensor)
     value = tensor.detach()
     module.register_buffer(attr, value, persistent=False)
     first = next((n for n in graph.nodes if n.op != "placeholder"), None)
-    ctx = graph.inserting_before(first) if first is not None else graph.inserting_after()
-    with ctx:
-        node = graph.get_attr(attr)
-    node.meta["val"] = _fake_of(graph, value)
+    where = {"before": first} if first is not None else {"after": last_node(graph)}
+    editor = Editor()
+    val = _fake_of(graph, value)
+    if origin:
+        return editor.insert(
+            attr, op="get_attr", rule="add_constant", origin=origin, val=val, **where
+        )
+    at = graph.inserting_before(first) if first is not None else graph.inserting_after()
+    with editor.change("insert", "add_constant"), at:
+        node = editor.create(graph, "get_attr", attr)  # made from nothing: no provenance
+    node.meta["val"] = val
     return node
 
 
@@ -255,7 +272,7 @@ def erase_mutation(gm: fx.GraphModule, target: str) -> bool:
         )
     del values[where]
     del ctx.outputs[where]
-    out.args = (type(out.args[0])(values), *out.args[1:])
+    Editor().set_args(out, (type(out.args[0])(values), *out.args[1:]), rule="erase_mutation")
     return True
 
 
@@ -328,8 +345,10 @@ def run_on_program(
 # ----- reconciling the signature ---------------------------------------------------------------
 def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> ExportedProgram:
     graph = gm.graph
-    new_constants = _lift_constants(gm, ctx)
-    input_specs = _reconcile_inputs(ep, ctx, graph, new_constants)
+    # the run is over: these edits make the graph fit a signature again, and no run watches
+    editor = Editor(None, "export")
+    new_constants = _lift_constants(gm, ctx, editor)
+    input_specs = _reconcile_inputs(ep, ctx, graph, new_constants, editor)
     output_specs = _reconcile_outputs(ctx, graph)
     signature = ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
     _drop_unused_state(ctx, input_specs)
@@ -380,7 +399,7 @@ def _fill_missing_vals(gm: fx.GraphModule) -> None:
             ) from e
 
 
-def _lift_constants(gm: fx.GraphModule, ctx: ProgramContext) -> list[InputSpec]:
+def _lift_constants(gm: fx.GraphModule, ctx: ProgramContext, editor: Editor) -> list[InputSpec]:
     """Turn ``get_attr`` nodes of tensors into lifted CONSTANT_TENSOR placeholders."""
     graph = gm.graph
     taken = set(ctx.state_dict) | set(ctx.constants)
@@ -408,9 +427,14 @@ def _lift_constants(gm: fx.GraphModule, ctx: ProgramContext) -> list[InputSpec]:
                 i += 1
                 fqn = f"{target}_{i}"
             taken.add(fqn)
-            with graph.inserting_before(first_user):
-                ph = graph.placeholder("c_" + re.sub(r"\W", "_", fqn))
-            ph.target = ph.name
+            ph = editor.insert(
+                "c_" + re.sub(r"\W", "_", fqn),
+                op="placeholder",
+                rule="lift_constant",
+                origin=[node],
+                before=first_user,
+            )
+            editor.set_target(ph, ph.name, rule="lift_constant")
             ph.meta.update(node.meta)
             if "val" not in ph.meta:
                 ph.meta["val"] = _fake_of(graph, value)
@@ -418,14 +442,13 @@ def _lift_constants(gm: fx.GraphModule, ctx: ProgramContext) -> list[InputSpec]:
             specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(ph.name), fqn))
             lifted[target] = ph
             ctx.notes.append(f"lifted constant '{fqn}' (input '{ph.name}')")
-        node.replace_all_uses_with(lifted[target])
-        graph.erase_node(node)
+        editor.replace_all_uses(node, lifted[target], "lift_constant")
     for target in lifted:
         del_path(gm, target)
     return specs
 
 
-def _reconcile_inputs(ep, ctx, graph: fx.Graph, new_constants: list[InputSpec]):
+def _reconcile_inputs(ep, ctx, graph: fx.Graph, new_constants: list[InputSpec], editor: Editor):
     by_name = {s.arg.name: s for s in new_constants}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     others: list[tuple[fx.Node, InputSpec]] = []
@@ -448,24 +471,22 @@ def _reconcile_inputs(ep, ctx, graph: fx.Graph, new_constants: list[InputSpec]):
             continue
         node = user.get(spec.arg.name)
         if node is None:  # a pass erased it: the program still takes the argument
-            node = _restore_placeholder(ep, graph, spec, anchor)
+            node = _restore_placeholder(ep, graph, spec, anchor, editor)
             ctx.notes.append(f"kept user input '{spec.arg.name}' (a pass erased it; unused)")
         ordered.append((node, spec))
     if anchor is not None:
         for node, _ in ordered:
-            anchor.prepend(node)
+            editor.move(node, before=anchor, rule="signature")
     return [_renamed_input(spec, node) for node, spec in ordered]
 
 
-def _restore_placeholder(ep, graph: fx.Graph, spec: InputSpec, anchor) -> fx.Node:
+def _restore_placeholder(ep, graph: fx.Graph, spec: InputSpec, anchor, editor) -> fx.Node:
     old = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
-    ctx = graph.inserting_before(anchor) if anchor is not None else graph.inserting_after()
-    with ctx:
-        node = graph.placeholder(old.name)
+    where = {"before": anchor} if anchor is not None else {"after": last_node(graph)}
+    node = editor.insert(old.name, op="placeholder", rule="signature", origin=[old], **where)
     if node.name != old.name and all(n.name != old.name for n in graph.nodes):
-        release_name(graph, old.name)  # the erased placeholder's name: give it back
-        rename_node(node, old.name)
-    node.target = old.target
+        editor.rename(node, old.name, rule="signature")  # the erased placeholder's name
+    editor.set_target(node, old.target, rule="signature")
     node.meta.update(old.meta)
     return node
 

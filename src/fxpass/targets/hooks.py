@@ -149,7 +149,7 @@ def _checked(out: list[Placement]) -> list[Placement]:
 
 def parse_pipelines(text: str) -> list[Placement]:
     """``name@hook=spec;name@hook=spec`` (what ``FXPASS_PIPELINES`` holds inline). A bad
-    entry is a :class:`~fxpass.SpecError` pointing at its column in ``text``."""
+    entry is a :class:`~fxpass.core.SpecError` pointing at its column in ``text``."""
     out: list[Placement] = []
     start = 0
     for entry in text.split(";"):

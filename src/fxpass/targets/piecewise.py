@@ -38,6 +38,7 @@ from ..core.errors import PassFailedError
 from ..core.pipeline import resolve_pipeline
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
+from ..edit.editor import Editor
 from ..fxutil.fx import use_codegen
 from ..fxutil.ops import resolve_op
 from ..fxutil.paths import get_path
@@ -280,7 +281,10 @@ def piecewise(
 
 # ----- stitching ---------------------------------------------------------------------------------
 def _inline(top: fx.GraphModule) -> fx.GraphModule:
+    """A new flat graph of the pieces' nodes (built by an editor that tells nobody: no run
+    watches a graph being built)."""
     graph = fx.Graph()
+    editor = Editor(None)
     use_codegen(top.graph, graph)
     env: dict[fx.Node, Any] = {}
     attrs: dict[str, Any] = {}
@@ -291,7 +295,8 @@ def _inline(top: fx.GraphModule) -> fx.GraphModule:
     for node in top.graph.nodes:
         sub = _submodule(top, node)
         if sub is not None:
-            env[node] = _inline_call(graph, sub, fx.node.map_arg(node.args, lookup), attrs)
+            args = fx.node.map_arg(node.args, lookup)
+            env[node] = _inline_call(graph, sub, args, attrs, editor)
         elif (
             node.op == "call_function"
             and node.target is operator.getitem
@@ -299,11 +304,12 @@ def _inline(top: fx.GraphModule) -> fx.GraphModule:
         ):
             env[node] = env[node.args[0]][node.args[1]]
         elif node.op == "output":
-            graph.output(fx.node.map_arg(node.args[0], lookup)).meta.update(node.meta)
+            result = fx.node.map_arg(node.args[0], lookup)
+            editor.create(graph, "output", "output", (result,)).meta.update(node.meta)
         else:
             if node.op in ("get_attr", "call_module"):
                 attrs[str(node.target)] = get_path(top, str(node.target))
-            env[node] = graph.node_copy(node, lookup)
+            env[node] = editor.copy(node, lookup, into=graph)
     graph.lint()
     return fx.GraphModule(attrs, graph)
 
@@ -317,7 +323,9 @@ def _submodule(top: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
     return sub if isinstance(sub, fx.GraphModule) else None
 
 
-def _inline_call(graph: fx.Graph, sub: fx.GraphModule, args: Sequence[Any], attrs: dict) -> Any:
+def _inline_call(
+    graph: fx.Graph, sub: fx.GraphModule, args: Sequence[Any], attrs: dict, editor: Editor
+) -> Any:
     local: dict[fx.Node, Any] = {}
     inputs = iter(args)
     for n in sub.graph.nodes:
@@ -330,11 +338,11 @@ def _inline_call(graph: fx.Graph, sub: fx.GraphModule, args: Sequence[Any], attr
                 value = get_path(sub, str(n.target))
                 name = _free_name(attrs, str(n.target), value)
                 attrs[name] = value
-                copy = graph.node_copy(n, local.__getitem__)
-                copy.target = name
+                copy = editor.copy(n, local.__getitem__, into=graph)
+                editor.set_target(copy, name, rule="stitch")
                 local[n] = copy
             else:
-                local[n] = graph.node_copy(n, local.__getitem__)
+                local[n] = editor.copy(n, local.__getitem__, into=graph)
     raise ValueError(f"piece {sub} has no output node")
 
 

@@ -101,5 +101,5 @@ def test_a_pattern_matching_few_of_its_tries_gets_a_hint_in_the_report():
 
 def test_the_debug_counter_stops_the_replacements():
     gm = graph()
-    result = fp.apply(gm, registered(), debug_counter=fp.DebugCounter(count=1))
+    result = fp.apply(gm, registered(), debug_counter=fp.core.DebugCounter(count=1))
     assert result.report.stats()["rms.matches"] == 1

@@ -71,6 +71,6 @@ def test_export_asserts_are_effects():
 
 def test_debug_counter_limits_the_removals():
     c = capture(_Dead(), (torch.randn(4),), "trace")
-    fp.Pipeline.parse("dce").run(c.graph_module, debug_counter=fp.DebugCounter(count=1))
+    fp.Pipeline.parse("dce").run(c.graph_module, debug_counter=fp.core.DebugCounter(count=1))
     gm = c.graph_module
     assert calls(gm, "sin") + calls(gm, "add_") + calls(gm, "mul") == 2  # one of three went

@@ -38,7 +38,7 @@ def test_nothing_to_remove_is_not_a_change():
 def test_debug_counter_limits_removals():
     gm = exported_gm()
     before = count(gm, ASSERT)
-    fp.Pipeline(["remove_assert_ops"]).run(gm, debug_counter=fp.DebugCounter(count=2))
+    fp.Pipeline(["remove_assert_ops"]).run(gm, debug_counter=fp.core.DebugCounter(count=2))
     assert count(gm, ASSERT) == before - 2
 
 

@@ -171,7 +171,7 @@ class ExportPass(InterpreterPass):
 
     def placeholder(self, name: str, arg: Any, meta: NodeMetadata) -> ProxyValue:
         # the node ExecuTorch's tracer makes; its metadata is replaced by ``meta`` anyway
-        node = self._graph.create_node("placeholder", name, (), {})
+        node = self._build.create(self._graph, "placeholder", name)
         node.meta = meta.data
         node.meta["val"] = arg
         return ProxyValue(arg, self._tracer.proxy(node))
@@ -312,6 +312,7 @@ class ExportPass(InterpreterPass):
         self._graph, self._env, self._changed = tracer.graph, {}, False
         self._current = self._meta_for = None
         self._editor = Editor(current_context(), self.name)
+        self._build = Editor(None, self.name)  # builds the tracer's new graph: no run watches it
         data = pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, inputs)
         try:
             with fx_traceback.preserve_node_meta():
@@ -502,13 +503,12 @@ class ExportPass(InterpreterPass):
             proxy.node.meta.update(meta.data)
             tracer.set_metadata(proxy.node, value)
             return ProxyValue(value, proxy)
-        # arguments set after creation: Graph.create_node walks them with pytree to warn
-        # about raw SymInts (which node_arg never lets through) at a fifth of this loop's cost
-        node = self._graph.create_node(kind, target, name=self._candidate_name(target))
-        if node_args:
-            node.args = node_args
-        if node_kwargs:
-            node.kwargs = node_kwargs
+        # the editor sets the arguments after creation: Graph.create_node walks them with
+        # pytree to warn about raw SymInts (which node_arg never lets through)
+        node = self._build.create(
+            self._graph, kind, target, node_args, node_kwargs,
+            name=self._candidate_name(target),
+        )  # fmt: skip
         traced_meta(self._current, meta.data, node.meta)
         set_value_meta(self._tracer, node, value)
         return ProxyValue(value, self._tracer.proxy(node))

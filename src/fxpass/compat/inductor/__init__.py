@@ -18,8 +18,10 @@ by the same rules — but:
 Use it by importing from here, or leave the code as it is and call :func:`install` first:
 
 >>> import fxpass.compat.inductor as fxi
->>> fxi.install()                     # torch._inductor.pattern_matcher is now fxpass's
->>> from torch._inductor.pattern_matcher import register_replacement   # fxpass's
+>>> pm = fxi.install()                # torch._inductor.pattern_matcher is now fxpass's
+>>> from torch._inductor.pattern_matcher import register_replacement
+>>> register_replacement is fxi.register_replacement
+True
 >>> fxi.uninstall()                   # Inductor's again
 
 See docs/inductor.md.

@@ -26,7 +26,7 @@ from torch.fx import Node
 from ...core.errors import FxpassError
 from ...fxutil.ops import schema_of
 from ...rewrite import Rule
-from ...rewrite.pattern import AnyOf, Pattern, Seq, Through, Var
+from ...rewrite.leaves import AnyOf, Pattern, Seq, Through, Var
 from ...rewrite.pattern import P as _P
 from ._exprs import (
     Arg,

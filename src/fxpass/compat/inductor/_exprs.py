@@ -6,8 +6,15 @@ with ``pattern_eq``. They do not match anything themselves: :mod:`._compile` tur
 into fxpass patterns once, and fxpass's matcher (with Inductor's rules,
 :mod:`._matching`) finds it. ``pattern.match(node)`` is there for code that calls it.
 
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> gm = make_fx(lambda a, b: a + b.sin())(torch.randn(2), torch.randn(2))
+>>> add = list(gm.graph.nodes)[-2]
+>>> aten = torch.ops.aten
 >>> pattern = CallFunction(aten.add.Tensor, KeywordArg("x"), CallFunction(aten.sin.default, Arg()))
->>> pattern.match(node)          # a Match, or a FailedMatch (which is falsy)   # doctest: +SKIP
+>>> pattern.match(add)           # a Match, or a FailedMatch (which is falsy)
+Match(..., [b_1], {'x': a_1})
+>>> bool(pattern.match(add.args[1]))
+False
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ...     return rms_norm_by_hand(x, w)
 >>> def replace(x, w):
 ...     return torch.ops.my.rms_norm(x, w, 1e-6)
->>> register_replacement(search, replace, [x_example, w_example], fwd_only, pm_pass)
+>>> register_replacement(search, replace, [x_example, w_example], fwd_only, pm_pass)  # doctest: +SKIP
 
 The search function becomes the pattern Inductor would register (sizes, dtypes and other
 literals a trace bakes in are ignored by it), and each match is then checked as Inductor

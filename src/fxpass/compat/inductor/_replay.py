@@ -28,7 +28,7 @@ from torch.fx.node import map_aggregate
 
 from ...fxutil.fx import is_erased
 from ...rewrite import Match as _FxMatch
-from ...rewrite.rewriter import RewriteError, Rewriter, new_node
+from ...rewrite.rewriter import RewriteError, Rewriter, replacement_editor
 from ._trace import size_of
 
 __all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph"]
@@ -102,6 +102,7 @@ class Replay:
 
     def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
         graph = match.graph
+        self.editor = replacement_editor(bindings.values())  # the rewrite's, which tells the run
         env: dict[Node, Any] = dict(zip(self.in_phs, self.args))
         sizes: dict[tuple, Any] = {}
 
@@ -121,7 +122,7 @@ class Replay:
                         if kind == "size"
                         else torch.ops.aten.sym_stride.int
                     )
-                    sizes[key] = new_node(graph, "call_function", op, (src, d), {})
+                    sizes[key] = self.editor.create(graph, "call_function", op, (src, d), {})
             return sizes[key]
 
         for ph, (i, kind, d) in zip(self.sym_phs, self.sources):
@@ -148,7 +149,7 @@ class Replay:
             if n in sized and not _has_node((args, kwargs)):
                 env[n] = n.target(*args, **kwargs)  # a size, computed from static sizes
                 continue
-            env[n] = new = new_node(graph, "call_function", n.target, args, kwargs)
+            env[n] = new = self.editor.create(graph, "call_function", n.target, args, kwargs)
             for key in _META:
                 if key in n.meta:
                     new.meta[key] = n.meta[key]
@@ -170,7 +171,9 @@ class Replay:
         if old in self.chains and isinstance(old.args[0], Node):
             src = self._same_as(graph, old.args[0])
             if src is not old.args[0]:
-                new = new_node(graph, old.op, old.target, (src, *old.args[1:]), dict(old.kwargs))
+                new = self.editor.create(
+                    graph, old.op, old.target, (src, *old.args[1:]), dict(old.kwargs)
+                )
                 self.made.append((old, new))
                 return new
         return old
@@ -196,7 +199,7 @@ class Replay:
                 owner.register_module(existing, value)
             else:
                 owner.register_buffer(existing, value, persistent=False)
-        return new_node(graph, "get_attr", existing, (), {})
+        return self.editor.create(graph, "get_attr", existing, (), {})
 
 
 def _is_module(gm: fx.GraphModule, target: str) -> bool:

@@ -9,7 +9,7 @@ from ...core.analyses import aliasing
 from ...core.context import stat
 from ...core.registry import register
 from ...edit.alias import AliasInfo, aliased_args
-from ...edit.editor import allow, erase, notify, replace_all_uses
+from ...edit.editor import Editor, allow, erase, replace_all_uses
 from ...fxutil.dialect import aten_op
 from ...fxutil.values import node_val
 from ._copies import copy_is_unobservable, same_layout, view_is_replaceable
@@ -42,8 +42,7 @@ def _forward_readers(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo)
                 continue  # a view of it is returned: keep returning the copy's memory
             if not allow():
                 continue
-            user.replace_input_with(old, src)
-            notify("modify", "erase_copy", [user], [user])
+            Editor().replace_input(user, old, src, rule="erase_copy")
             moved += 1
     return moved
 

@@ -19,13 +19,14 @@ from ...edit.alias import (
     nodes_in,
     write_slots,
 )
-from ...edit.editor import allow, new_node_meta, notify
+from ...edit.editor import Editor
 from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value
 
 __all__ = ["fix_functionalization"]
 
 aten = torch.ops.aten
+_NAME = "fix_functionalization"
 
 
 def _hop(node: fx.Node) -> str | None:
@@ -84,13 +85,12 @@ class _Call:
             return ("slice", index, *where)
         return ("base", index)
 
-    def build_view(self, view: Any) -> Any:
+    def build_view(self, view: Any, editor: Editor) -> Any:
         """The node (or list) the in-place op is called with for one mutable argument."""
-        graph = self.node.graph
         if view is None:
             return None
         if isinstance(view, list):
-            return [self.build_view(v) for v in view]
+            return [self.build_view(v, editor) for v in view]
         kind, rest = view[0], view[1:]
         if kind == "node":
             return rest[0]
@@ -101,10 +101,14 @@ class _Call:
             kind, aten.slice.Tensor
         )
         args = (base,) if kind == "alias" else (base, *rest[1:])
-        made = graph.call_function(target, args)
-        made.meta["val"] = fake_value(target, args, {})
-        new_node_meta(made, [self.node], "view_of_base", "fix_functionalization")
-        return made
+        return editor.insert(
+            target,
+            args,
+            rule="view_of_base",
+            origin=[self.node],
+            before=self.node,
+            val=fake_value(target, args, {}),
+        )
 
 
 def _writebacks(call: _Call) -> dict[fx.Node, fx.Node]:
@@ -142,15 +146,23 @@ def _reinplaceable(call: _Call, info: AliasInfo, writebacks: dict) -> bool:
     return True
 
 
-def _rewrite(call: _Call, writebacks: dict) -> None:
-    node, graph = call.node, call.node.graph
-    with graph.inserting_before(node):
+def _rewrite(call: _Call, writebacks: dict, editor: Editor) -> None:
+    node = call.node
+    with editor.change("replace", _NAME, [node]) as change:
         named = dict(call.kwargs)
         for name, view in call.views.items():
-            named[name] = call.build_view(view)
+            named[name] = call.build_view(view, editor)
         args, kwargs = lay_out_args(call.schema, named)
-        inplace = graph.call_function(call.op, tuple(args), kwargs)
-    new_node_meta(inplace, [node], "reinplace", "fix_functionalization")
+        inplace = editor.insert(
+            call.op, tuple(args), kwargs, rule="reinplace", origin=[node], before=node
+        )
+        _rewire(call, writebacks, named, inplace, editor)
+        change.new = [inplace]
+
+
+def _rewire(call: _Call, writebacks: dict, named: dict, inplace: fx.Node, editor: Editor) -> None:
+    """Readers of the call's results read the in-place call or the bases it writes."""
+    node = call.node
     returns = len(call.schema.returns)
     for user in list(node.users):
         index = user.args[1]
@@ -160,21 +172,17 @@ def _rewrite(call: _Call, writebacks: dict) -> None:
                 new = call.bases[j]
             else:
                 new = named[_mutable(call.op)[j]]
-            user.replace_all_uses_with(new)
-            graph.erase_node(user)
+            editor.replace_all_uses(user, new, _NAME)
         elif returns == 1:
-            user.replace_all_uses_with(inplace)
-            graph.erase_node(user)
+            editor.replace_all_uses(user, inplace, _NAME)
         else:
-            user.args = (inplace, index)
+            editor.set_args(user, (inplace, index), rule=_NAME)
     for copy in writebacks.values():
         if copy.args[0] is copy.args[1]:  # the write-back now copies a tensor into itself
-            copy.replace_all_uses_with(copy.args[0])
-            graph.erase_node(copy)
+            editor.replace_all_uses(copy, copy.args[0], _NAME)
             stat("copies_removed")
     inplace.meta["val"] = node.meta.get("val", (None,))[0] if returns == 1 else None
-    graph.erase_node(node)
-    notify("replace", "fix_functionalization", [node], [inplace])
+    editor.erase(node, _NAME)
 
 
 @register(
@@ -212,6 +220,7 @@ def fix_functionalization(gm: fx.GraphModule) -> bool:
     """
     changed = False
     info: AliasInfo | None = None
+    editor = Editor(pass_name=_NAME)
     for node in list(gm.graph.nodes):
         kind = _hop(node)
         if kind is None:
@@ -222,8 +231,8 @@ def fix_functionalization(gm: fx.GraphModule) -> bool:
         info = info or aliasing(gm)
         call = _Call(node, kind)
         writebacks = _writebacks(call)
-        if _reinplaceable(call, info, writebacks) and allow():
-            _rewrite(call, writebacks)
+        if _reinplaceable(call, info, writebacks) and editor.allow():
+            _rewrite(call, writebacks, editor)
             stat("reinplaced")
             changed, info = True, None
         else:

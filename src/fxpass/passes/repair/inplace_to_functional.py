@@ -11,13 +11,15 @@ from ...core.analyses import aliasing
 from ...core.context import stat
 from ...core.registry import register
 from ...edit.alias import AliasInfo, written_args
-from ...edit.editor import allow, new_node_meta, notify
+from ...edit.editor import Editor, allow
 from ...edit.spelling import Spelling
 from ...fxutil.dialect import aten_op
 from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value, node_val
 
 __all__ = ["inplace_to_functional"]
+
+_NAME = "inplace_to_functional"
 
 
 def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
@@ -91,17 +93,16 @@ def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) ->
     graph = node.graph
     if op == "call_function" and aten_op(node.target) is not node.target:
         target, args, kwargs = Spelling(graph)(target, args, kwargs)
-    with graph.inserting_before(node):
-        new = graph.create_node(op, target, args, kwargs)
-    new.meta["val" if "val" in self_node.meta else "example_value"] = val
-    new_node_meta(new, [node], "inplace_to_functional", "inplace_to_functional")
-    here = info.pos[node]
-    for reader in list(self_node.users):
-        if reader not in (node, new) and info.pos.get(reader, here + 1) > here:
-            reader.replace_input_with(self_node, new)
-    node.replace_all_uses_with(new)
-    graph.erase_node(node)
-    notify("replace", "inplace_to_functional", [node], [new])
+    editor = Editor(pass_name=_NAME)
+    with editor.change("replace", _NAME, [node]) as change:
+        new = editor.insert(target, args, kwargs, op=op, rule=_NAME, origin=[node], before=node)
+        new.meta["val" if "val" in self_node.meta else "example_value"] = val
+        here = info.pos[node]
+        for reader in list(self_node.users):
+            if reader not in (node, new) and info.pos.get(reader, here + 1) > here:
+                editor.replace_input(reader, self_node, new, rule=_NAME)
+        editor.replace_all_uses(node, new, _NAME)
+        change.new = [new]
     return True
 
 

@@ -11,11 +11,13 @@ from torch import fx
 from ...core.context import stat
 from ...core.contract import PassResult
 from ...core.registry import register
-from ...edit.editor import allow, new_node_meta, notify
+from ...edit.editor import Editor
 from ...edit.spelling import Spelling
 from ...fxutil.values import fake_value, node_val
 
 __all__ = ["repair_input_as_output"]
+
+_NAME = "repair_input_as_output"
 
 
 def _is_tensor(node: fx.Node, index: int, sample_inputs: Sequence[Any]) -> bool | None:
@@ -58,23 +60,24 @@ def repair_input_as_output(
     changed = False
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     spell = Spelling(gm.graph)  # an Edge graph gets an Edge clone
+    editor = Editor(pass_name=_NAME)
     for index, node in enumerate(placeholders):
         outputs = [u for u in node.users if u.op == "output"]
         if not outputs:
             continue
         tensor = _is_tensor(node, index, inputs)
-        if not (tensor or (tensor is None and assume_tensors)) or not allow():
+        if not (tensor or (tensor is None and assume_tensors)) or not editor.allow():
             continue
         target, args, kwargs = spell(torch.ops.aten.clone.default, (node,))
-        with gm.graph.inserting_after(placeholders[-1]):
-            clone = gm.graph.call_function(target, args, kwargs)
-        val = fake_value(target, args, kwargs)
-        if val is not None:
-            clone.meta["val"] = val
-        new_node_meta(clone, [node], "input_as_output", "repair_input_as_output")
-        for out in outputs:
-            out.replace_input_with(node, clone)
-        notify("insert", "repair_input_as_output", [node], [clone])
+        with editor.change("insert", _NAME, [node]):
+            clone = editor.insert(
+                target, args, kwargs, rule="input_as_output", origin=[node], after=placeholders[-1]
+            )
+            val = fake_value(target, args, kwargs)
+            if val is not None:
+                clone.meta["val"] = val
+            for out in outputs:
+                editor.replace_input(out, node, clone, rule=_NAME)
         stat("clones_inserted")
         changed = True
     return PassResult(gm, changed)

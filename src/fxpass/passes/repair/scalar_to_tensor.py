@@ -11,7 +11,7 @@ from torch import fx
 from ...core.context import stat
 from ...core.registry import register
 from ...edit.alias import lay_out_args
-from ...edit.editor import allow, new_node_meta, notify
+from ...edit.editor import Editor, allow
 from ...edit.spelling import Spelling
 from ...fxutil.dialect import aten_op
 from ...fxutil.ops import schema_of
@@ -19,6 +19,7 @@ from ...fxutil.values import fake_value, node_val
 
 __all__ = ["scalar_to_tensor"]
 
+_NAME = "scalar_to_tensor"
 _NUMBER = (bool, int, float)
 _SCALAR_TO_TENSOR = {("Scalar", "Tensor"), ("number", "Tensor")}  # how schemas print Scalar
 
@@ -99,31 +100,35 @@ def _convert(
     if like is None:
         return False
     positions = {a.name: i for i, a in enumerate(schema_of(target).arguments)}
-    made = []
-    for name in names:
-        i = positions[name]
-        value = args[i] if i < len(args) else kwargs[name]
-        made_kwargs = {"dtype": _scalar_dtype(like, value), "device": like.device}
-        with node.graph.inserting_before(node):
-            scalar = node.graph.call_function(
-                *spell(torch.ops.aten.scalar_tensor.default, (value,), made_kwargs)
+    editor = Editor(pass_name=_NAME)
+    with editor.change("modify", _NAME, [node]) as change:
+        made = []
+        for name in names:
+            i = positions[name]
+            value = args[i] if i < len(args) else kwargs[name]
+            made_kwargs = {"dtype": _scalar_dtype(like, value), "device": like.device}
+            scalar = editor.insert(
+                *spell(torch.ops.aten.scalar_tensor.default, (value,), made_kwargs),
+                rule=_NAME,
+                origin=[node],
+                before=node,
             )
-        scalar.meta["val"] = fake_value(scalar.target, scalar.args, scalar.kwargs, like=like)
-        made.append(scalar)
-        if i < len(args):
-            args[i] = scalar
-        else:
-            kwargs[name] = scalar
-    old, new = node_val(node), fake_value(target, tuple(args), kwargs)
-    same = isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)
-    if not (same and (new.shape, new.dtype) == (old.shape, old.dtype)):
-        for scalar in made:  # promotion would change the result: undo
-            node.graph.erase_node(scalar)
-        return False
-    node.target, node.args, node.kwargs = spell(target, tuple(args), kwargs)
-    for scalar in made:
-        new_node_meta(scalar, [node], "scalar_to_tensor", "scalar_to_tensor")
-    notify("modify", "scalar_to_tensor", [node], [*made, node])
+            scalar.meta["val"] = fake_value(scalar.target, scalar.args, scalar.kwargs, like=like)
+            made.append(scalar)
+            if i < len(args):
+                args[i] = scalar
+            else:
+                kwargs[name] = scalar
+        old, new = node_val(node), fake_value(target, tuple(args), kwargs)
+        same = isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)
+        if not (same and (new.shape, new.dtype) == (old.shape, old.dtype)):
+            for scalar in made:  # promotion would change the result: undo, and tell nobody
+                editor.erase(scalar, _NAME)
+            change.cancel()
+            return False
+        target, args, kwargs = spell(target, tuple(args), kwargs)
+        editor.set_target(node, target, args=args, kwargs=kwargs, rule=_NAME)
+        change.new = [*made, node]
     stat("scalars_converted", len(made))
     return True
 
