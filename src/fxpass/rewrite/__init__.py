@@ -12,7 +12,8 @@
 >>> rewrite(gm, simplify, once=True) # or drive it directly     # doctest: +SKIP
 
 Modules, top down (each imports only those below it):
-:mod:`~fxpass.rewrite.driver` (fixpoint and single-walk drivers; rule sets, which are passes),
+:mod:`~fxpass.rewrite.driver` (fixpoint and single-walk drivers; rule sets, which are passes;
+:mod:`~fxpass.rewrite.reach`, the nodes a rule can be rooted at),
 :mod:`~fxpass.rewrite.explain` (why a rule did not match: the explaining matcher),
 :mod:`~fxpass.rewrite.rule` (rules as data), :mod:`~fxpass.rewrite.match` (the op-indexed
 matcher in front of :mod:`~fxpass.rewrite.interpret`, the interpreted matcher, and

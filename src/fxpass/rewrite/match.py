@@ -26,6 +26,7 @@ from .region import Match, lazy_order
 from .spelling import OpOverload, OpOverloadPacket
 
 if TYPE_CHECKING:
+    from .reach import Reach
     from .rule import Rule
 
 __all__ = ["Matcher", "RuleStats", "attempt", "match_at"]
@@ -163,16 +164,19 @@ class Matcher:
         return None
 
     def matches(
-        self, rules: Sequence[Rule], node: Node, st: MatchState
+        self, rules: Sequence[Rule], node: Node, st: MatchState, reach: Reach | None = None
     ) -> Iterator[tuple[Match, RuleStats]]:
         """(match, the rule's stats) for each of ``rules`` that matches at ``node``, in
         order; every rule tried is timed and counted. The driver takes the first match it
-        can apply."""
+        can apply. A rule ``reach`` rules out at ``node`` counts as tried (and failed)."""
         stats = self.stats
         perf = time.perf_counter
         interp = self.interp
         for rule in rules:
             s = stats[rule.name]
+            if reach is not None and not reach.may_match(rule, node):
+                s.tried += 1
+                continue
             t0 = perf()
             ok = attempt(rule, node, st, interp)
             s.seconds += perf() - t0

@@ -145,6 +145,7 @@ class Rewriter:
         self.fast_erase = dead_node_eraser(self.graph)  # None: use graph.erase_node
         self.rewrites = 0
         self.created: list[Node] = []  # new nodes of the last rewrite
+        self.rewired: list[Node] = []  # the values that took over its outputs' uses
 
     # ----- the topological index -------------------------------------------------------
     def order(self) -> TopoOrder:
@@ -214,6 +215,7 @@ class Rewriter:
             new = [n for n in new if not is_erased(n)]
         self.rewrites += 1
         self.created = new
+        self.rewired = values
         if stats is not None:
             stats.rewritten += 1
         editor.notify("replace", rule.name, match.nodes, new, rule.location)
