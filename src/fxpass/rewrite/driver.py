@@ -145,7 +145,7 @@ def _rewrite_at(
             if track_inputs:
                 match.inputs = list(inputs)
             if reach is not None:
-                reach.touched([*rw.created, *rw.rewired])
+                reach.touched(rw.created, rw.rewired)
             return match
     return None
 
@@ -155,9 +155,14 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState, reach: Reach | No
     graph = rw.graph
     candidates = _candidates(graph, matcher) if wanted is not None else None
     if candidates is not None:  # the graph's op index hands us the nodes, in graph order
+        only = _single_reach(matcher, reach)
         for node in candidates:
-            if not is_erased(node):
-                _rewrite_at(node, rw, matcher, st, reach)
+            if is_erased(node):
+                continue
+            if only is not None and not only[0].may_match(node):
+                only[1].tried += 1  # ruled out before any matching
+                continue
+            _rewrite_at(node, rw, matcher, st, reach)
         return
     for node in list(graph.nodes):
         if wanted is not None:  # skip nodes no rule can be rooted at, without a call
@@ -172,6 +177,15 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState, reach: Reach | No
                 continue
         if not is_erased(node):
             _rewrite_at(node, rw, matcher, st, reach)
+
+
+def _single_reach(matcher: Matcher, reach: Reach | None) -> tuple[Any, RuleStats] | None:
+    """For a matcher of one rule with a reach: (the reach, the rule's statistics)."""
+    if reach is None or len(matcher.rules) != 1:
+        return None
+    rule = matcher.rules[0]
+    entry = reach.of(rule)
+    return None if entry is None else (entry, matcher.stats[rule.name])
 
 
 def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:

@@ -23,6 +23,7 @@ from ._state import MISSING, MatchState
 from .compile import CompiledMatcher, compile_rule
 from .interpret import Interpreter
 from .region import Match, lazy_order
+from .specialize import specialize_rule
 from .spelling import OpOverload, OpOverloadPacket
 
 if TYPE_CHECKING:
@@ -57,10 +58,16 @@ class RuleStats:
 
 
 def compiled(rule: Rule) -> CompiledMatcher | None:
-    """The rule's compiled matcher, generated on first use (None: it needs the interpreter)."""
+    """The rule's compiled matcher, made on first use: straight-line code where the rule
+    has no alternatives, else the interpreter's handlers specialized to its pattern nodes
+    (None: it needs the interpreter itself)."""
     c = rule._compiled
     if c is MISSING:
-        c = rule._compiled = compile_rule(rule)
+        c = compile_rule(rule)
+        if c is None:
+            fn = specialize_rule(rule)
+            c = None if fn is None else CompiledMatcher(fn, "# specialized closures")
+        rule._compiled = c
     return c
 
 
