@@ -244,10 +244,13 @@ class _RuleReach:
 
     def may_match(self, node: Node) -> bool:
         """False only when no match of the rule can be rooted at ``node``."""
-        if self.anywhere or node in self.always:
-            return True
+        level = self.levels.get(node)
+        if level is None:  # no such op within the distance: only an unconstrained root
+            if self.anywhere or node in self.always:
+                return True
+            return self.allowed(node) is _ALWAYS
         mask = self.allowed(node)
-        return mask is _ALWAYS or bool(self.levels.get(node, 0) & mask)
+        return mask is _ALWAYS or bool(level & mask) or self.anywhere or node in self.always
 
     def touched(self, created: Sequence[Node], rewired: Sequence[Node]) -> None:
         if any(_calls(n, *self.absent) for n in created):

@@ -31,10 +31,7 @@ def _fused_add_rms_norm(
 
 
 def _is_add_norm(**b: Any) -> bool:
-    b["x"], b["x_in"] = b["sum"], b["x"]
-    ok = norm_ok(b)
-    b["x"] = b.pop("x_in")
-    return ok and add_ok(b)
+    return norm_ok(b, x="sum") and add_ok(b)  # the norm reads the sum
 
 
 RULES = RuleSet(
