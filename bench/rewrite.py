@@ -121,9 +121,17 @@ def _hand_site(out):
     if h.kwargs != {"dtype": torch.float32} or not _only(h, 2):
         return None
     total = _arg(h, aten.add.Tensor)
-    if total is None:
+    if total is None or not _same_dtype_rows(total, w):
         return None
     return total, w, shifted.args[1], [out, down, normed, inv, shifted, var, sq, h]
+
+
+def _same_dtype_rows(total, w) -> bool:
+    """The guards any correct fusion needs: x and residual of one dtype (the kernel adds
+    them without promotion) and a 1-D weight as long as the rows."""
+    x, r = (a.meta["val"] for a in total.args)
+    wv = w.meta["val"]
+    return x.dtype == r.dtype and wv.dim() == 1 and wv.shape[0] == x.shape[-1]
 
 
 def _hand_loop(gm) -> int:

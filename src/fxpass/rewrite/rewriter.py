@@ -239,7 +239,12 @@ class Rewriter:
         graph = self.graph
         before = anchor.prev
         tracer = self._tracer
-        env = {k: _wrap(v, tracer) for k, v in match.bindings.items()}
+        bindings = match.bindings
+        names = rule.replacement_names()  # proxies only for what the replacement reads
+        if names is None:
+            env = {k: _wrap(v, tracer) for k, v in bindings.items()}
+        else:
+            env = {k: _wrap(bindings[k], tracer) for k in names if k in bindings}
         try:
             with graph.inserting_before(anchor):
                 result = rule.build(env, match)

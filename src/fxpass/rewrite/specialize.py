@@ -253,33 +253,36 @@ class _Builder:
     def op(self, p: P) -> Fn:
         memo, bind = _memo(p), _binder(p)
         c, commutative = p.constraint, p.commutative
-        layouts, accepts, layout = p._cache, p.accepts, p.layout
-        subs: dict[int, tuple[Any, list]] = {}  # id(layout) -> (layout, [(slot, fn)])
+        accepts, layout = p.accepts, p.layout
+        # per target (or method/module name): None where p cannot match such a node, else
+        # (its layout, whether arguments left out must be checked, the operand swap, the
+        # look-ahead, the argument runner) — worked out once per target
+        plans: dict[Any, tuple[Any, Any]] = {}
 
-        def run(r: Any, vals: list, st: MatchState, k: Cont) -> bool:
-            for i, lit in r.lits:
-                val = vals[i]
-                if lit is not val and not lit_eq(lit, val):
-                    return False
-            hit = subs.get(id(r))
-            if hit is None:
-                hit = subs[id(r)] = (r, [(i, self.fn(q)) for i, q in r.subs])
-            return _run(hit[1], vals, st, k)
+        def plan_for(v: Node, key: Any, target: Any) -> Any:
+            r = layout(target) if accepts(v) else None
+            plan = None
+            if r is not None and r.ok:
+                swap = r.swap if commutative else None
+                strict = bool(r.unmentioned) or r.pos_limit >= 0
+                plan = (r, strict, swap, r.quick, self._runner(r))
+            plans[key] = (v.target, plan)  # the target keeps its id valid
+            return plan
 
         def op(v: Any, st: MatchState, k: Cont) -> bool:
             if v.__class__ is not Node:
                 return False
             kind = v.op
+            t = v.target
             if kind == "call_function":
-                t = v.target
-                r = layouts.get(id(t))
-                if r is None or id(t) not in p.fn_ids:
-                    r = layout(t) if accepts(v) else None
+                hit = plans.get(id(t))
+                plan = hit[1] if hit is not None and hit[0] is t else plan_for(v, id(t), t)
             elif kind == "call_method" or kind == "call_module":
-                r = layout(kind) if accepts(v) else None
+                hit = plans.get((kind, t))
+                plan = hit[1] if hit is not None else plan_for(v, (kind, t), kind)
             else:
-                r = None
-            if r is None:
+                return False
+            if plan is None:
                 return False
             if memo is not None:
                 hit = memo(v, st, k)
@@ -287,27 +290,64 @@ class _Builder:
                     return hit
             if c is not None and c.failure(v, v) is not None:
                 return False
-            if not r.ok:
-                return False
+            r, strict, swap, quick, runner = plan
             args, kwargs = node_args(v), node_kwargs(v)
-            if (r.unmentioned or r.pos_limit >= 0) and not strict_ok(r, args, kwargs, lit_eq):
+            if strict and not strict_ok(r, args, kwargs, lit_eq):
                 return False
             vals = r.getter(args, kwargs)
             nodes = st.nodes
             nodes.append(v)
-            then = _then(bind, v, st, k)
-            if (not r.quick or _quick(r, vals)) and run(r, vals, st, then):
+            then = k if bind is None else (lambda: bind(v, st, k))
+            if (not quick or _quick(r, vals)) and runner(vals, st, then):
                 return True
-            if commutative and r.swap is not None:  # the other operand order
-                i, j = r.swap
+            if swap is not None:  # the other operand order
+                i, j = swap
                 vals = list(vals)
                 vals[i], vals[j] = vals[j], vals[i]
-                if (not r.quick or _quick(r, vals)) and run(r, vals, st, then):
+                if (not quick or _quick(r, vals)) and runner(vals, st, then):
                     return True
             nodes.pop()
             return False
 
         return op
+
+    def _runner(self, r: Any) -> Callable[[list, MatchState, Cont], bool]:
+        """Checks a layout's literal arguments, then matches its sub-patterns in order."""
+        lits = tuple(r.lits)
+        subs = [(i, self.fn(q)) for i, q in r.subs]
+        if len(subs) == 0:
+
+            def core(vals: list, st: MatchState, k: Cont) -> bool:
+                return k()
+
+        elif len(subs) == 1:
+            ((i0, f0),) = subs
+
+            def core(vals: list, st: MatchState, k: Cont) -> bool:
+                return f0(vals[i0], st, k)
+
+        elif len(subs) == 2:
+            (i0, f0), (i1, f1) = subs
+
+            def core(vals: list, st: MatchState, k: Cont) -> bool:
+                return f0(vals[i0], st, lambda: f1(vals[i1], st, k))
+
+        else:
+
+            def core(vals: list, st: MatchState, k: Cont) -> bool:
+                return _run(subs, vals, st, k)
+
+        if not lits:
+            return core
+
+        def runner(vals: list, st: MatchState, k: Cont) -> bool:
+            for i, lit in lits:
+                val = vals[i]
+                if lit is not val and not lit_eq(lit, val):
+                    return False
+            return core(vals, st, k)
+
+        return runner
 
 
 def _run(subs: list, vals: list, st: MatchState, k: Cont) -> bool:

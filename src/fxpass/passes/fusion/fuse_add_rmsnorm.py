@@ -20,13 +20,13 @@ _FUSED = torch.ops.fxpass.fused_add_rmsnorm.default
 
 
 def _fused_add_rms_norm(
-    x: Any, residual: Any, w: Any, eps: float, offset: float = 0.0, **b: Any
+    x: Any, residual: Any, w: Any, eps: float, out: Any, sum: Any, offset: float = 0.0
 ) -> Any:
     args = (x, residual, w, *scalars(eps, offset))
     fused = _FUSED(*args)
     vals = fake_result(_FUSED, *args) or (None, None)
-    normed = keep_layout(fused[0], vals[0], b["out"])
-    total = keep_layout(fused[1], vals[1], b["sum"])
+    normed = keep_layout(fused[0], vals[0], out)
+    total = keep_layout(fused[1], vals[1], sum)
     return None if normed is None or total is None else (normed, total)
 
 
