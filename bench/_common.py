@@ -69,3 +69,28 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     p.add_argument("--repeat", type=int, default=3)
     return p
+
+
+def run_exported(ep, gm, inputs):
+    """The first output of ``gm`` (the ExportedProgram's graph, maybe rewritten) run on the
+    program's parameters, buffers and constants and ``inputs``."""
+    args = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            continue
+        target = spec.target
+        args.append(ep.state_dict[target] if target in ep.state_dict else ep.constants[target])
+    gm.recompile()
+    with torch.no_grad():
+        return gm(*args, *inputs)[0]
+
+
+def to_inductor_dialect(gm):
+    """``aten._to_copy(x, dtype=d)`` -> ``prims.convert_element_type(x, d)``: the spelling
+    Inductor's decompositions (and so its traced patterns) use."""
+    for n in list(gm.graph.nodes):
+        if n.target is torch.ops.aten._to_copy.default and set(n.kwargs) == {"dtype"}:
+            n.target = torch.ops.prims.convert_element_type.default
+            n.args, n.kwargs = (n.args[0], n.kwargs["dtype"]), {}
+    gm.recompile()
+    return gm

@@ -1,4 +1,4 @@
-"""Tensor-parallel sharding: fxpass.shard on a captured decoder against DTensor on the model.
+"""Sharding: fxpass.shard on captured programs against DTensor and pipelining on the models.
 
 For 2 and 4 ranks and decoders of 4, 16 and 64 layers (fp32, hidden 64, 4 heads, 4 KV
 heads, vocab 128, 8 tokens) this prints
@@ -18,8 +18,15 @@ DTensor needs the model's source: its attention reads head counts from the modul
 plan also has to rewrite them (``heads // world_size``) by hand; fxpass reads them from the
 graph.
 
-    python bench/shard.py            # 2 and 4 ranks; 4, 16, 64 layers
-    python bench/shard.py --quick    # 2 ranks, 2 layers (a smoke test)
+A second table (:mod:`_shard_families`) shards tiny Hugging Face families (Olmo3, Glm4,
+GptOss, Qwen3-MoE, Mixtral) and the embedded decoder with and without experts on 2 and 4
+ranks, over tp x ep and with pipeline stages, with no plan: the largest rank's weights
+against 1/N, the collectives and bytes per token against the strategy's minimum, the
+error — and, for pipeline stages, ``torch.distributed.pipelining.pipeline`` on the eager
+model in the same run.
+
+    python bench/shard.py            # 2 and 4 ranks; 4, 16, 64 layers; every family and mesh
+    python bench/shard.py --quick    # 2 ranks, 2 layers, Mixtral, 2 stages (a smoke test)
 """
 
 from __future__ import annotations
@@ -157,12 +164,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world_size: int, jobs: list[dict]) -> list[dict]:
+def run_ranks(world_size: int, jobs: list[dict], target: Any = None) -> list[dict]:
     """Run every job on ``world_size`` gloo ranks (one spawn); every wait is bounded."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out:
-        ctx = mp.start_processes(rank_main, args=(world_size, _free_port(), jobs, out),
+        ctx = mp.start_processes(target or rank_main, args=(world_size, _free_port(), jobs, out),
                                  nprocs=world_size, join=False, start_method="spawn")  # fmt: skip
         deadline = time.monotonic() + TIMEOUT
         try:
@@ -220,7 +227,19 @@ def main(argv=None) -> int:
                 per_rank = [r[n] for r in ranks]
                 rows.append((world_size, n, x, per_rank))
     _print(rows)
+    import _shard_families
+
+    _shard_families.show(_shard_families.run(QUICK_CASES if args.quick else CASES))
     return 0
+
+
+MOE = ("gpt_oss", "qwen3_moe", "mixtral")
+CASES = (
+    [(f, {"world_size": n}) for n in (2, 4) for f in ("olmo3", "glm4", *MOE, "decoder_moe")]
+    + [(f, {"tp": 2, "ep": 2}) for f in MOE]
+    + [("decoder", {"pp": 2}), ("decoder_moe", {"pp": 2}), ("decoder", {"tp": 2, "pp": 2})]
+)
+QUICK_CASES = [("mixtral", {"world_size": 2}), ("decoder", {"pp": 2})]
 
 
 def _print(rows) -> None:

@@ -3,7 +3,9 @@
 For the embedded decoder's MoE variant (routed + shared experts), its parallel-block
 variant (GPT-J/Phi) and the plain decoder, export the model, schedule it with
 ``multi_stream{streams=2}``, prove the schedule with ``check_streams``, and check that the
-scheduled graph computes exactly what the original does.
+scheduled graph computes exactly what the original does — eagerly, and under the CPU debug
+mode that holds back each stream's kernels as long as the events allow (``stream_debug``,
+both holds), where a race would give wrong outputs.
 
 On CUDA it then times both graphs with CUDA events (median of ``--repeat`` batches, the two
 interleaved), eagerly and as captured CUDA graphs (the schedule's events become graph edges;
@@ -33,6 +35,7 @@ from _common import parser
 import fxpass as fp
 from fxpass.models.llama import build_decoder
 from fxpass.ops.stream import is_stream_op
+from fxpass.ops.stream_debug import stream_debug
 from fxpass.verify import check_streams
 
 MODELS = {
@@ -60,13 +63,18 @@ def _schedule(name: str, size: dict, device: str):
 def _check(name: str, base, scheduled, ids, stats) -> None:
     problems = check_streams(scheduled)
     with torch.no_grad():
-        same = torch.equal(base(ids), scheduled(ids))
+        want = base(ids)
+        same = torch.equal(want, scheduled(ids))
+    if ids.device.type == "cpu":
+        for hold in ("side", "main"):
+            with stream_debug(hold) as debug:
+                same = same and torch.equal(want, scheduled(ids)) and not debug.stale_reads
     ops = sum(1 for n in scheduled.graph.nodes if is_stream_op(n))
     print(
         f"{name}: {stats.get('regions_split', 0)} regions on 2 streams, "
         f"{stats.get('side_kernels', 0)} kernels on stream 1, {ops} stream ops; "
         f"check_streams: {'safe' if not problems else problems[0]}; "
-        f"outputs {'equal' if same else 'DIFFER'}",
+        f"outputs {'equal' if same else 'DIFFER'} (eager and stream_debug)",
         flush=True,
     )
     if problems or not same:

@@ -12,6 +12,7 @@ On GPUs, use the "nccl" backend and move the inputs to the rank's device.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from fxpass.models.llama import build_decoder
 
 def run_rank(directory: Path) -> None:
     """One rank under torchrun: its program, the same inputs, the logits."""
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     program = fp.distributed.load_rank(directory)  # rank<r>.pt2 for dist.get_rank()
     ids = torch.load(directory / "ids.pt")
     logits = program.module()(ids)
@@ -40,6 +41,9 @@ def run_rank(directory: Path) -> None:
         f"{error:.0e})",
         flush=True,
     )
+    # Tear down together: a rank that destroys its group while the other still talks to it
+    # can abort the other in gloo's threads ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

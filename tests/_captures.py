@@ -10,13 +10,14 @@ config with seeded random weights (tests/_models.py, tests/_hf.py).
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from fxpass.fxutil.fx import copy_sharing_specs
 
 from _models import lifted_inputs
 
@@ -31,17 +32,18 @@ def _decoder(dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
     return model, model.example_inputs()
 
 
-def _hf_llama() -> tuple[torch.nn.Module, tuple]:
+def _hf_model(family: str) -> tuple[torch.nn.Module, tuple]:
     import _hf
 
-    return _hf.model("llama"), _hf.example_inputs()
+    return _hf.model(family), _hf.example_inputs()
 
 
 #: name -> () -> (model, example inputs)
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
     "decoder": lambda: _decoder(torch.bfloat16),
     "decoder_fp32": lambda: _decoder(torch.float32),
-    "hf_llama": _hf_llama,
+    "hf_llama": lambda: _hf_model("llama"),
+    "hf_qwen3": lambda: _hf_model("qwen3"),
 }
 
 
@@ -51,10 +53,10 @@ def _exported_decoder(dtype: torch.dtype, decompose: bool) -> torch.export.Expor
     return exported(decompose=decompose, dtype=dtype)
 
 
-def _exported_hf_llama(decompose: bool) -> torch.export.ExportedProgram:
+def _exported_hf(family: str, decompose: bool) -> torch.export.ExportedProgram:
     import _hf
 
-    ep = _hf.exported("llama")
+    ep = _hf.exported(family)
     return ep.run_decompositions() if decompose else ep
 
 
@@ -62,7 +64,8 @@ def _exported_hf_llama(decompose: bool) -> torch.export.ExportedProgram:
 EXPORTED: dict[str, Callable[[bool], torch.export.ExportedProgram]] = {
     "decoder": lambda d: _exported_decoder(torch.bfloat16, d),
     "decoder_fp32": lambda d: _exported_decoder(torch.float32, d),
-    "hf_llama": _exported_hf_llama,
+    "hf_llama": lambda d: _exported_hf("llama", d),
+    "hf_qwen3": lambda d: _exported_hf("qwen3", d),
 }
 
 
@@ -92,7 +95,7 @@ class Captured:
     def __init__(self, name: str, ir: str) -> None:
         program, args, expected = _capture(name, ir)
         self.ir = ir
-        self.program = copy.deepcopy(program)
+        self.program = copy_sharing_specs(program)
         self.gm = self.program if isinstance(self.program, torch.fx.GraphModule) else None
         if self.gm is None:
             self.gm = self.program.graph_module

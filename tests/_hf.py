@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from fxpass.fxutil.fx import copy_sharing_specs  # deepcopy without LeafSpec warnings
+
 transformers = pytest.importorskip("transformers")
 
 SEQ = 8
@@ -31,6 +33,16 @@ FAMILIES: dict[str, str] = {
     "phi3": "Phi3Config",
     "gemma2": "Gemma2Config",
     "qwen3_moe": "Qwen3MoeConfig",
+    # q/k RMSNorm over the whole projection, before the rotary embedding
+    "olmo3": "Olmo3Config",
+    "glm4": "Glm4Config",
+    "gpt_oss": "GptOssConfig",
+    "mixtral": "MixtralConfig",
+    "qwen2_moe": "Qwen2MoeConfig",
+    "llama4": "Llama4TextConfig",
+    # experts through transformers::grouped_mm_fallback (fp32), which
+    # transformers.integrations.moe registers
+    "olmoe": "OlmoeConfig",
 }
 
 _COMMON: dict[str, Any] = {
@@ -58,7 +70,31 @@ _PER_FAMILY: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 32,
         "decoder_sparse_step": 1,
     },
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
+    "glm4": {"head_dim": 16},
+    "gpt_oss": {
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 4,
+    },
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+    },
+    "llama4": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 128,
+        "head_dim": 16,
+    },
 }
+#: Families whose attention has no SDPA path in transformers (soft caps, sinks).
+_EAGER = {"gemma2", "gpt_oss"}
 
 
 def config(family: str, *, layers: int = 2, **overrides: Any) -> Any:
@@ -68,8 +104,7 @@ def config(family: str, *, layers: int = 2, **overrides: Any) -> Any:
     cls = getattr(transformers, FAMILIES[family])
     kwargs = {**_COMMON, **_PER_FAMILY.get(family, {}), "num_hidden_layers": layers, **overrides}
     cfg = cls(**kwargs)
-    # Gemma2's soft-capped attention has no SDPA path in transformers
-    cfg._attn_implementation = "eager" if family == "gemma2" else "sdpa"
+    cfg._attn_implementation = "eager" if family in _EAGER else "sdpa"
     return cfg
 
 
@@ -107,4 +142,4 @@ def exported(
     """A fresh copy of the tiny model exported as users do, ``torch.export.export(model,
     (ids,))`` (the config says ``use_cache=False``); its output is a
     ``CausalLMOutputWithPast``."""
-    return copy.deepcopy(_exported(family, layers, dtype, tuple(sorted(overrides.items()))))
+    return copy_sharing_specs(_exported(family, layers, dtype, tuple(sorted(overrides.items()))))

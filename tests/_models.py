@@ -6,11 +6,11 @@ mutate freely.
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import torch
 
+from fxpass.fxutil.fx import copy_sharing_specs  # deepcopy without LeafSpec warnings
 from fxpass.models.llama import DecoderConfig, build_decoder
 
 ASSERT = torch.ops.aten._assert_tensor_metadata.default
@@ -30,7 +30,7 @@ def _exported(decompose: bool, **overrides):
 
 def exported(*, decompose: bool = True, **overrides) -> torch.export.ExportedProgram:
     """A fresh copy of the exported decoder (core ATen when ``decompose``), asserts kept."""
-    return copy.deepcopy(_exported(decompose, **overrides))
+    return copy_sharing_specs(_exported(decompose, **overrides))
 
 
 def exported_gm(*, decompose: bool = True, remove_asserts: bool = False, **overrides):

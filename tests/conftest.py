@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -8,6 +9,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Every pipeline run in the tests checks the analyses its passes declare preserved: computed
+# again after each pass that changed the graph and compared (fxpass.core.analysis_manager).
+os.environ.setdefault("FXPASS_VERIFY_ANALYSES", "1")
 
 import _models
 
@@ -38,3 +43,21 @@ def artifacts_dir() -> Path:
     """Where tests keep files worth looking at after a run (screenshots, reports)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def torch_only_python(tmp_path_factory) -> Path:
+    """The Python of a fresh virtual environment holding this torch and its dependencies
+    only (no fxpass, no numpy, no transformers): a consumer without fxpass. pip installs from
+    its local cache and wheels, a minute at most."""
+    venv = tmp_path_factory.mktemp("torch-only") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    version = torch.__version__.split("+")[0]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+         "--disable-pip-version-check", f"torch=={version}"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"cannot install torch=={version}: {proc.stderr[-2000:]}"
+    return python

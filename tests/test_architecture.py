@@ -29,3 +29,13 @@ def test_the_layer_list_names_every_package_and_the_doc_shows_it():
     assert packages <= named, f"packages missing from the layers: {packages - named}"
     doc = (ROOT / "docs" / "architecture.md").read_text()
     assert all(re.search(rf"^  .*\b{name}\b", doc, re.M) for name in packages)
+
+
+def test_test_modules_have_unique_basenames():
+    # The tests directories are not packages: pytest imports each test file by its basename,
+    # and two files with one basename fail collection ("import file mismatch") depending on
+    # which worker collects them first.
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        other = seen.setdefault(path.name, path)
+        assert other == path, f"{path.relative_to(ROOT)} and {other.relative_to(ROOT)}"

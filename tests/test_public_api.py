@@ -8,7 +8,13 @@ import pytest
 
 import fxpass
 
-MODULES = ["fxpass", "fxpass.compat.fx", "fxpass.registry", "fxpass.compat.executorch"]
+MODULES = [
+    "fxpass",
+    "fxpass.compat.fx",
+    "fxpass.compat.inductor",
+    "fxpass.registry",
+    "fxpass.compat.executorch",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

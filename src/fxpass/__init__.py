@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from ._supported_torch import check_torch as _check_torch
+
+_check_torch()  # first: an untested torch gets one clear line, not an error from deep inside
+
 from . import (  # noqa: F401  (importing passes registers the library)
     ops,
     passes,
     registry,
     streams,
 )
+from .core.analysis_manager import analysis
 from .core.context import ChangeEvent, DebugCounter, PassContext, current_context, stat
 from .core.contract import FunctionPass, Pass, PassResult, as_pass
 from .core.errors import (
@@ -25,7 +30,7 @@ from .core.pipeline import Fixpoint, Pipeline, fixpoint, instrumented
 from .core.registry import register
 from .core.report import PassRecord, Report
 from .core.version import __version__
-from .distributed import shard
+from .distributed import pipeline_stages, shard
 from .html import HtmlReport
 from .interpret import InterpreterPass
 from .partition import (
@@ -80,6 +85,7 @@ __all__ = [
     "Timing",
     "UnknownPassError",
     "__version__",
+    "analysis",
     "apply",
     "as_pass",
     "backend",
@@ -94,6 +100,7 @@ __all__ = [
     "instrumented",
     "parse_support",
     "piecewise",
+    "pipeline_stages",
     "register",
     "registry",
     "rewrite",

@@ -47,12 +47,9 @@ from .edit.location import source_location
 from .edit.provenance import COPIED_META
 from .fxutil.fx import copy_code_fields, empty_graph_like, is_erased, last_node, nodes_after
 from .fxutil.paths import get_path
-from .fxutil.values import FakeResults, returns_alias, same_value
+from .fxutil.values import FakeEvaluator, returns_alias, same_value
 
 __all__ = ["ExportPass", "InterpreterPass", "ProxyValue", "map_args"]
-
-#: Fake results by op and input metadata, shared by every interpreter pass in the process.
-FAKE_RESULTS = FakeResults()
 
 # Metadata a rewritten node inherits from the node it replaces (``val`` is recomputed).
 _INHERITED = (*COPIED_META, "custom", "seq_nr", "original_aten", "from_node")
@@ -196,6 +193,7 @@ class InterpreterPass(Pass):
         self._inputs_seen = 0
         self._last_constant: fx.Node | None = None
         self._mode = self._find_fake_mode(gm)
+        self._fake = FakeEvaluator(self._mode, owner=type(self).__name__)
         ctx = current_context()
         self._editor = Editor(ctx, self.name)
         inputs = ctx.sample_inputs if ctx is not None else None
@@ -208,6 +206,7 @@ class InterpreterPass(Pass):
             "_env",
             "_constants",
             "_editor",
+            "_fake",
             "_sample",
             "_current",
             "_last_constant",
@@ -246,7 +245,7 @@ class InterpreterPass(Pass):
         if self._sample is not None and index < len(self._sample):
             value = self._sample[index]
             if isinstance(value, torch.Tensor):
-                return self._mode.from_tensor(value)
+                return self._mode.from_tensor(value, static_shapes=True)
             return value
         raise ValueError(
             f"{type(self).__name__}: input '{node.name}' has no meta['val'] and the run has no "
@@ -408,31 +407,16 @@ class InterpreterPass(Pass):
         with where:
             node = self._graph.get_attr(name)
         self._last_constant = node
-        node.meta["val"] = self._mode.from_tensor(value)
+        node.meta["val"] = self._mode.from_tensor(value, static_shapes=True)
         return node
 
     def _fake_run(self, kind: str, target: Any, args, kwargs, old: fx.Node | None) -> Any:
         if kind not in ("call_function", "call_method"):
             return old.meta.get("val") if old is not None else None
-
-        def fake(v: Any) -> Any:
-            if isinstance(v, ProxyValue):
-                return v.data
-            if isinstance(v, torch.Tensor) and not isinstance(v, torch._subclasses.FakeTensor):
-                return self._mode.from_tensor(v)
-            return v
-
-        fargs = pytree.tree_map(fake, args)
-        fkwargs = pytree.tree_map(fake, kwargs)
-        if kind == "call_function":
-            hit = FAKE_RESULTS.get(target, fargs, fkwargs, self._mode)
-            if hit is not None:
-                return hit
+        evaluator = self._fake
+        fargs, fkwargs = evaluator.fake(pytree.tree_map_only(ProxyValue, _data, (args, kwargs)))
         try:
-            with self._mode:
-                if kind == "call_method":
-                    return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
-                return FAKE_RESULTS.put(target, fargs, fkwargs, target(*fargs, **fkwargs))
+            return evaluator.run(target, fargs, fkwargs, kind=kind)
         except Exception as e:
             raise RuntimeError(
                 f"{type(self).__name__}: running {target} on fake tensors failed while "
@@ -453,6 +437,10 @@ class InterpreterPass(Pass):
         new = fx.GraphModule(root, graph, class_name=type(gm).__name__)
         new.meta = dict(gm.meta)
         return new
+
+
+def _data(v: ProxyValue) -> Any:
+    return v.data
 
 
 #: ExecuTorch's name for the same base class, for code migrating from ``exir.pass_base``.

@@ -14,12 +14,13 @@ SCRIPTS = sorted(p.name for p in BENCH.glob("[!_]*.py"))
 
 def test_benchmarks_exist():
     assert "pipeline_overhead.py" in SCRIPTS
-    assert "executorch.py" in SCRIPTS  # ExportPass against ExecuTorch's, on 1-layer Edge graphs
+    assert "executorch.py" in SCRIPTS  # ExecuTorch's lowering with and without install()
+    assert "executorch_pass.py" in SCRIPTS  # ExportPass against ExecuTorch's, pass for pass
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_benchmark_runs_quick(script):
-    if script == "executorch.py":
+    if script.startswith("executorch"):
         pytest.importorskip("executorch.exir")
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), "--quick", "--repeat", "1"],

@@ -111,7 +111,7 @@ def test_bisect_when_numerics_hold(work: Path):
 def test_demo(tmp_path: Path):
     r = fxpass("demo", "--layers", "1", cwd=tmp_path)
     assert r.code == 0, r.err
-    assert "fxpass demo: tiny Llama decoder (1 layers), default pipeline" in r.out
+    assert "fxpass demo: tiny Llama decoder (1 layer), default pipeline" in r.out
     assert "pipeline: default" in r.out  # the per-pass table
     assert "numerics against the original: 1 output matches" in r.out
     assert f"wrote {tmp_path / 'report.html'}" in r.out  # absolute

@@ -166,3 +166,68 @@ def test_a_rule_that_tried_many_and_matched_few_says_where_it_came_close(work: P
     hint = r.out[r.out.index("hint: strict_add_norm") :]
     assert "rule 'strict' was tried at" in hint and "near miss" in hint
     assert "extra user:" in hint and "fxpass.rewrite.explain(rule, gm)" in hint
+
+
+# ----- --portable ----------------------------------------------------------------------------
+CONSUMER = """
+import importlib.util, sys
+import torch
+assert importlib.util.find_spec("fxpass") is None, "fxpass is installed here"
+ep = torch.export.load(sys.argv[1])
+torch.save(ep.module()(*torch.load(sys.argv[2])), sys.argv[3])
+"""
+
+
+def test_a_portable_program_runs_where_fxpass_is_not_installed(torch_only_python, tmp_path):
+    """fxpass's fused ops lowered to torch's own: the program loads and runs in a virtual
+    environment with torch only, and computes what the original program computed."""
+    import subprocess
+
+    from cli_targets import tiny_fp32
+
+    ep = tiny_fp32()
+    torch.export.save(ep, tmp_path / "tiny.pt2")
+    args = ep.example_inputs[0]
+    torch.save(args, tmp_path / "args.pt")
+    r = fxpass("run", "tiny.pt2", "--portable", "-o", "portable.pt2", cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert "lower_fused_ops" in r.out and f"wrote {tmp_path / 'portable.pt2'}" in r.out
+    proc = subprocess.run(
+        [str(torch_only_python), "-c", CONSUMER, "portable.pt2", "args.pt", "out.pt"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), ep.module()(*args))
+    shown = fxpass("show", "portable.pt2", cwd=tmp_path)
+    assert "fxpass:" not in shown.out and "aten:" in shown.out
+
+
+def test_show_says_which_ops_a_program_needs_and_who_registers_them(work: Path):
+    r = fxpass("run", "tiny.pt2", "-o", "fused.pt2", cwd=work)
+    assert r.code == 0, r.err
+    shown = fxpass("show", "fused.pt2", "--json", cwd=work)
+    ops = json.loads(shown.out)["ops"]
+    assert ops["aten"]["registered_by"] == "torch"
+    assert "fused_add_rmsnorm" in ops["fxpass"]["ops"]
+    assert ops["fxpass"]["registered_by"] == "fxpass (fxpass.ops.norm)"
+    assert "--portable" in ops["fxpass"]["note"]
+
+
+@pytest.mark.parametrize("flag", ["--rtol", "--atol"])
+def test_a_negative_tolerance_is_a_usage_error(work: Path, flag, capsys, monkeypatch):
+    from test_targets import in_process
+
+    monkeypatch.chdir(work)
+    r = in_process(["run", "tiny.fxgraph", "--verify", flag, "-1"], capsys, monkeypatch)
+    assert r.code == 2
+    assert "-1.0 is not in the range x>=0" in one_line_error(r)
+
+
+@pytest.mark.parametrize("command", ["run", "show", "bisect"])
+def test_an_empty_spec_is_a_usage_error(work: Path, command, capsys, monkeypatch):
+    from test_targets import in_process
+
+    monkeypatch.chdir(work)
+    r = in_process([command, "tiny.fxgraph", "-p", ""], capsys, monkeypatch)
+    assert r.code == 2
+    assert "the spec is empty" in one_line_error(r)

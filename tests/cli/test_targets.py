@@ -70,7 +70,7 @@ def test_hugging_face_pt2_runs_fused_and_verified_in_a_fresh_process(family, hf_
 
 
 def test_imports_come_from_the_environment_then_the_flags(monkeypatch):
-    from fxpass.cli._targets import allowed_imports
+    from fxpass.cli._common import allowed_imports
 
     monkeypatch.setenv("FXPASS_IMPORT", "transformers, my_ops  other")
     assert allowed_imports(("my_ops", "extra")) == ["transformers", "my_ops", "other", "extra"]

@@ -43,6 +43,14 @@ class Flatten(torch.nn.Module):
         return (x.view(x.size(0), -1) + 1.0).relu()
 
 
+class Merge(torch.nn.Module):
+    """Two symbolic sizes multiplied (``sym_size`` nodes and an ``operator.mul`` of them), and
+    work on another input that is ready at the same time."""
+
+    def forward(self, x, y):
+        return (x.reshape(x.size(0) * x.size(1), -1) * 2.0).relu(), y.relu()
+
+
 class Branches(torch.nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > 0, lambda t: t + t, lambda t: t - 1.0, (x,))
@@ -53,6 +61,11 @@ PROGRAMS: dict[str, tuple[type, tuple, Any]] = {
     "constant": (WithConstant, (torch.randn(2, 3),), None),
     "dynamic": (Flatten, (torch.randn(2, 3, 4),), ({0: Dim("batch", min=1, max=8)},)),
     "cond": (Branches, (torch.randn(3, 4),), None),
+    "sym_mul": (
+        Merge,
+        (torch.randn(2, 3, 4), torch.randn(5)),
+        ({0: Dim("a", min=1, max=8), 1: Dim("b", min=1, max=8)}, None),
+    ),
 }
 
 

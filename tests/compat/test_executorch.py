@@ -417,3 +417,50 @@ def test_debug_counters_and_instrumentation_see_each_rewrite():
     assert watch.events == [["aten_add_tensor"]]
     targets = [n.target for n in result.graph_module.graph.nodes]
     assert targets.count(edge.add.Tensor) == 1 and targets.count(edge.sub.Tensor) == 1
+
+
+def test_unchanged_graphs_get_the_metadata_executorchs_rebuild_gives():
+    gm = edge_program("add_relu").graph_module
+    for node in gm.graph.nodes:
+        node.meta.pop("tensor_meta", None)
+    out = gm.graph.output_node()
+    out.meta.pop("val", None)
+    theirs = et.ExportPass()(copy.deepcopy(gm)).graph_module
+    ours = compat.ExportPass()(gm)
+    assert not ours.modified and ours.graph_module is gm
+    assert graph_difference(theirs, gm) is None  # val and tensor_meta included
+    vals = out.meta["val"]
+    compat.ExportPass()(gm)
+    assert out.meta["val"] is vals  # settled once: the same objects the next time
+
+
+def test_a_pass_says_whether_it_modified_the_graph_as_executorch_returns_it():
+    class RebuildsAndSaysNo(edge_add_with_mul_sub(compat.ExportPass)):
+        def call(self, graph_module):
+            return TorchPassResult(super().call(graph_module).graph_module, False)
+
+    gm = edge_program("add_relu").graph_module
+    result = RebuildsAndSaysNo()(gm)
+    assert result.graph_module is not gm and not result.modified
+
+
+def test_a_manager_called_inside_a_pass_is_a_run_of_its_own():
+    """ExecuTorch's passes call to_edge (and so managers) on other programs from inside a
+    pass: that run must not join the outer one's checks, nor lose its own report."""
+    outer_checks = []
+
+    def check(gm):
+        outer_checks.append(len(gm.graph.nodes))
+
+    def lowers_another_program(gm):
+        inner = compat.ExportedProgramPassManager([edge_add_with_mul_sub(compat.ExportPass)()])
+        result = inner(edge_program("add_relu"))
+        assert result.modified and inner.report is not None
+        return False
+
+    gm = edge_program("constant").graph_module
+    pipeline = fp.Pipeline(
+        [lowers_another_program], checks=[check], run_checks_after_each_pass=True
+    )
+    pipeline.run(gm)
+    assert outer_checks == [len(gm.graph.nodes)]  # only after the outer pass, on its graph

@@ -53,4 +53,4 @@ def test_fxpass_imports_without_executorch_and_the_compat_module_says_what_to_in
     assert proc.returncode == 0, proc.stdout + proc.stderr
     hints = [line for line in proc.stdout.splitlines() if line.startswith("hint:")]
     assert len(hints) == 2, proc.stdout
-    assert all("pip install 'fxpass[executorch]'" in line for line in hints), hints
+    assert all("pip install executorch==1.5.1" in line for line in hints), hints

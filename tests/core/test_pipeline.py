@@ -302,3 +302,8 @@ def test_a_pipeline_run_inside_a_pass_joins_the_outer_run(llama_gm):
     result = fp.Pipeline([runs_inner]).run(llama_gm)
     assert result.modified
     assert "_assert_tensor_metadata" not in llama_gm.code
+
+
+def test_a_spec_string_given_as_the_pass_list_points_to_parse():
+    with pytest.raises(TypeError, match=r"for a textual spec use Pipeline.parse\('cse,dce'\)"):
+        fp.Pipeline("cse,dce")

@@ -96,6 +96,26 @@ def test_a_reproducer_that_cannot_be_written_does_not_hide_the_error(llama_gm, t
     assert err.pass_name == "fails_on_rsqrt"
 
 
+def unsaveable(x):
+    """A call no graph file can hold (not torch's, operator's, math's or builtins')."""
+    return x + 1
+
+
+torch.fx.wrap("unsaveable")
+
+
+def _raises(gm):
+    raise RuntimeError("the pass failed")
+
+
+def test_a_reproducer_that_fails_half_way_leaves_no_partial_folder(tmp_path):
+    gm = torch.fx.symbolic_trace(lambda x: unsaveable(x) * 2)
+    with pytest.raises(fp.PassFailedError) as err:
+        fp.Pipeline([_raises]).run(gm, instrument=[CrashReproducer(tmp_path)])
+    assert "no reproducer written: GraphFileError: cannot save a call to" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_loading_a_folder_that_is_not_a_reproducer_is_a_clear_error(tmp_path):
     with pytest.raises(fp.FxpassError, match="is not an fxpass reproducer folder"):
         load_reproducer(tmp_path)

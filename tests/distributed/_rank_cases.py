@@ -9,7 +9,7 @@ import torch._functorch.config
 import torch._inductor.config
 
 import fxpass
-from fxpass.distributed import load_rank
+from fxpass.distributed import load_rank, weight_bytes
 
 C10D = "_c10d_functional"
 
@@ -31,11 +31,17 @@ def _ops(gm: torch.fx.GraphModule) -> dict[str, int]:
 
 
 def _loaded(case: dict[str, Any]) -> dict[str, Any]:
+    """The rank's .pt2 as torch.export.load reads it: its output, its collectives, and the
+    bytes of its weights by storage (a slice that kept its whole tensor counts whole)."""
     program = load_rank(case["dir"])
     (ids,) = torch.load(case["inputs"])
     expected = torch.load(case["expected"])
     out = logits(program.module()(ids))
-    return {"err": (out - expected).abs().max().item(), "ops": _ops(program.graph_module)}
+    return {
+        "err": (out - expected).abs().max().item(),
+        "ops": _ops(program.graph_module),
+        "bytes": weight_bytes(program),
+    }
 
 
 def _backend(case: dict[str, Any]) -> dict[str, Any]:
@@ -64,5 +70,25 @@ def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> dict[s
     results = {}
     for case in cases:
         kind = case.get("kind", "loaded")
-        results[case["name"]] = _backend(case) if kind == "backend" else _loaded(case)
+        run = {"backend": _backend, "pipeline": _pipeline}.get(kind, _loaded)
+        results[case["name"]] = run(case)
     return results
+
+
+def _pipeline(case: dict[str, Any]) -> dict[str, Any]:
+    """The rank's stage under a pipelining schedule, microbatches of the captured batch."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    from fxpass.distributed import load_stage
+
+    stage = load_stage(case["dir"])
+    (ids,) = torch.load(case["inputs"])
+    schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[case.get("schedule", "gpipe")]
+    run = schedule(stage, n_microbatches=ids.shape[0])
+    with torch.no_grad():
+        out = run.step(ids) if stage.is_first else run.step()
+    nbytes = weight_bytes(stage.submod)
+    if not stage.is_last:
+        return {"err": 0.0, "last": False, "bytes": nbytes}
+    expected = torch.load(case["expected"])
+    return {"err": (logits(out) - expected).abs().max().item(), "last": True, "bytes": nbytes}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fxpass as fp
-from fxpass.distributed import ShardError, analyze
+from fxpass.distributed import Mesh, ShardError, analyze, choose_mesh
 
 from _models import exported
 
@@ -41,14 +41,65 @@ def test_every_family_splits_its_attention(family):
 
 
 @pytest.mark.parametrize("family", sorted(_hf.FAMILIES))
-def test_what_stays_whole_says_which_op_stopped_it(family):
-    # (a mixture of experts keeps its router: the softmax over the experts reads the
-    # router's whole output; its experts are no linear sites, and attention is still cut)
+def test_only_routers_stay_whole_and_say_why(family):
+    # a router's top-k or softmax reads all of its output; a gate with one output cannot be
+    # cut; everything else — q/k norms over the whole projection, interleaved rotary,
+    # sinks, experts — is cut
     plan = analyze(_hf.exported(family), 2)
     for d in plan:
         if d.style == "replicate":
-            assert d.reason.startswith("replicated: not column-parallel: '")
-            assert "reduces over the sharded dim" in d.reason
+            assert d.param.split(".")[-2] in ("gate", "router", "wg", "shared_expert_gate")
+            assert d.reason.startswith("replicated: ") and "costs each rank" in d.reason
+            assert d.bytes > 0
+
+
+def test_olmo3_norms_over_the_whole_projection_are_distributed():
+    plan = analyze(_hf.exported("olmo3"), 2)
+    norms = [d for d in plan if "_norm" in d.param and "self_attn" in d.param]
+    assert len(norms) == 4 and {d.style for d in norms} == {"slice"}  # q and k, 2 layers
+    assert plan["model.layers.0.self_attn.q_proj.weight"].style == "column"
+    sums = [c for c in plan.collectives if c["shape"][-1] == 1]  # the sums of squares
+    assert len(sums) == 4 and all(c["bytes"] == 8 * 4 for c in sums)  # 8 tokens, fp32
+
+
+def test_glm4_interleaved_rotary_and_gpt_oss_sinks_follow_the_heads():
+    glm4 = analyze(_hf.exported("glm4"), 2)
+    assert glm4["model.layers.0.self_attn.q_proj.weight"].style == "column"
+    gpt_oss = analyze(_hf.exported("gpt_oss"), 2)
+    sinks = gpt_oss["model.layers.0.self_attn.sinks"]
+    assert sinks.style == "slice" and sinks.dim == 0 and "cat" in sinks.node
+
+
+def test_experts_are_split_and_the_combine_cost_stated():
+    plan = analyze(_hf.exported("mixtral"), 2)
+    assert plan.mesh == Mesh(ep=2) and len(plan.experts) == 2
+    block = plan.experts[0]
+    assert block.experts == 4 and len(block.weights) == 2
+    assert "combined by all-reduce: 2,048 bytes per rank, against 5,120" in block.reason
+
+
+def test_experts_cut_along_their_features_over_tp():
+    plan = analyze(_hf.exported("gpt_oss"), mesh=Mesh(tp=2))
+    gate_up = plan["model.layers.0.mlp.experts.gate_up_proj"]
+    assert (gate_up.style, gate_up.dim) == ("column", 2) and "one in 2" in gate_up.reason
+    assert plan["model.layers.0.mlp.experts.down_proj"].style == "row"
+    assert plan["model.layers.0.mlp.experts.gate_up_proj_bias"].style == "slice"
+
+
+def test_a_mesh_must_fit_the_experts():
+    with pytest.raises(ShardError, match="ep 2 splits experts, but the program has no") as e:
+        analyze(_hf.exported("llama"), mesh=Mesh(ep=2))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ShardError, match="the 4 experts of 'topk' across ep 8 groups") as e:
+        analyze(_hf.exported("mixtral"), mesh=Mesh(ep=8))
+    assert "use ep <= 4" in str(e.value)
+
+
+def test_mesh_chosen_for_experts():
+    ep = _hf.exported("qwen3_moe")
+    assert choose_mesh(ep, 2) == Mesh(ep=2) and choose_mesh(ep, 4) == Mesh(ep=4)
+    assert choose_mesh(ep, 8) == Mesh(tp=2, ep=4)  # 4 experts: the rest cut each expert
+    assert choose_mesh(exported(dtype=torch.float32, layers=1), 4) == Mesh(tp=4)
 
 
 @pytest.mark.parametrize("decompose", [False, True])

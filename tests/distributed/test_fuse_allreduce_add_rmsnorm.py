@@ -3,6 +3,7 @@ real ranks: tests/distributed/test_sharded.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _shard_helpers import C10D, assert_vals_consistent, count, sharded
 
@@ -33,3 +34,9 @@ def test_after_fuse_add_rmsnorm_too():
 def test_nothing_to_fuse_under_sequence_parallelism():
     program = sharded(2, sequence_parallel=True)[0]
     assert not fp.apply(program, "fuse_allreduce_add_rmsnorm").modified
+
+
+def test_fusing_nothing_says_why():
+    _hf = pytest.importorskip("_hf")
+    shards = fp.shard(_hf.exported("olmo3"), 2, fuse=True)  # its norms follow the blocks
+    assert "--fuse fused no site: no sum all-reduce feeds a residual add" in str(shards)

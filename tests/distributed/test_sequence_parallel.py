@@ -45,3 +45,12 @@ def test_tokens_the_world_size_does_not_divide():
     with pytest.raises(fp.PassFailedError, match="cannot split the tokens") as e:
         fp.apply(ep, "sequence_parallel{world_size=3,rank=0}")
     assert "shape [1, 8, 64]" in str(e.value)
+
+
+def test_inserted_collectives_pass_the_metadata_check():
+    from fxpass.verify.invariants import check_metadata
+
+    sp = sharded(2, sequence_parallel=True)[0]
+    assert check_metadata(sp.graph_module) == []
+    scatters = [n for n in sp.graph.nodes if n.target is C10D.reduce_scatter_tensor.default]
+    assert all(n.meta["fxpass_provenance"]["pass"] == "sequence_parallel" for n in scatters)

@@ -1,6 +1,9 @@
-"""Every rank's program computes what the original computed: 2 (and 4) gloo processes on
-127.0.0.1 load their .pt2 file and run it, for the embedded decoder and every tiny Hugging
-Face family, with and without sequence parallelism and the collective fusion.
+"""Every rank's program computes what the original computed: 2 and 4 gloo processes on
+127.0.0.1 load their .pt2 file and run it — the embedded decoder (dense and with experts) and
+every tiny Hugging Face family, sharded with no plan (the mesh chosen: tensor parallelism,
+the experts split across the ranks), with sequence parallelism and the collective fusion,
+with explicit meshes (experts cut over tp, tp x ep) and as pipeline stages under
+torch.distributed.pipelining — and the largest rank keeps at most 1/N + 5% of the weights.
 
 One spawn per world size runs every case (spawning costs seconds); programs are sharded
 and saved here, in the test process, and each rank only loads and runs its own.
@@ -15,7 +18,7 @@ import pytest
 import torch
 
 import fxpass as fp
-from fxpass.distributed import ShardError, load_rank
+from fxpass.distributed import ShardError, load_rank, weight_bytes
 
 from _models import decoder, exported
 
@@ -24,61 +27,87 @@ from _rank_cases import logits, run_cases  # noqa: E402
 from _spawn import run  # noqa: E402
 
 TOL = 2e-5  # fp32; the ranks' partial sums are added in another order than one matmul's
+SLACK = 0.05  # the largest rank's weights: at most 1/N + 5% of the program's
 CONFIGS = {
-    "tp": {},
+    "auto": {},
     "tp+fuse": {"fuse": True},
     "sp": {"sequence_parallel": True},
     "sp+fuse": {"sequence_parallel": True, "fuse": True},
+    "tp": {"mesh": "tp"},  # experts cut along their features, not split by expert
+    "tp2ep2": {"tp": 2, "ep": 2},
+    "ep4": {"ep": 4},  # 6 experts over 4 groups: the first two take one more
 }
+PIPELINES = {"pp": {"pp": 2}, "tp2pp2": {"tp": 2, "pp": 2}}
+NAMED = ("olmo3", "glm4", "gpt_oss", "qwen3_moe", "mixtral")
 
 
 def _model(name: str, world_size: int):
-    """(exported program, inputs, is_hf) of ``name``: the embedded decoder or a family."""
-    if name == "decoder":  # 4 heads, 4 KV heads
-        return exported(dtype=torch.float32), decoder(dtype=torch.float32).example_inputs(), False
+    """(exported program, inputs, is_hf) of ``name``: the embedded decoder (``decoder``, or
+    ``decoder_moe`` with 4 experts as separate linears and a shared one) or a family."""
+    if name.startswith("decoder"):  # 4 heads, 4 KV heads
+        cfg = {"dtype": torch.float32, "moe_experts": 4 if name == "decoder_moe" else 0}
+        return exported(**cfg), decoder(**cfg).example_inputs(), False
     extra = {"num_key_value_heads": 4} if world_size == 4 else {}
+    if name == "qwen3_moe6":
+        return _hf.exported("qwen3_moe", num_experts=6, **extra), _hf.example_inputs(), True
     return _hf.exported(name, **extra), _hf.example_inputs(), True
 
 
-def _cases(tmp, world_size: int, names, configs) -> list[dict]:
-    cases = []
-    for name in names:
-        ep, inputs, hf = _model(name, world_size)
-        torch.save(inputs, tmp / f"{name}.inputs.pt")
-        torch.save(_logits(ep.module()(*inputs)), tmp / f"{name}.expected.pt")
-        for config in configs:
-            d = tmp / f"{name}-{config}"
-            fp.shard(ep, world_size, **CONFIGS[config]).save(d)
-            cases.append(
-                {
-                    "name": f"{name}-{config}",
-                    "dir": str(d),
-                    "inputs": str(tmp / f"{name}.inputs.pt"),
-                    "expected": str(tmp / f"{name}.expected.pt"),
-                    "hf": hf,
-                }
-            )
-    return cases
+def _options(config: str, world_size: int) -> dict:
+    options = dict(CONFIGS[config] if config in CONFIGS else PIPELINES[config])
+    if options.pop("mesh", None) == "tp":
+        return {"tp": world_size}
+    return options if "tp" in options or "pp" in options else {"world_size": world_size, **options}
+
+
+def _case(tmp, world_size: int, name: str, config: str) -> dict:
+    ep, inputs, hf = _model(name, world_size)
+    pipeline = config in PIPELINES
+    if pipeline:  # two microbatches of the captured batch
+        (ids,) = inputs
+        inputs = (torch.cat([ids, ids.flip(-1)]),)
+        expected = torch.cat([_logits(ep.module()(row[None])) for row in inputs[0]])
+    else:
+        expected = _logits(ep.module()(*inputs))
+    d = tmp / f"{name}-{config}"
+    fp.shard(ep, **_options(config, world_size)).save(d)
+    torch.save(inputs, d / "inputs.pt")
+    torch.save(expected, d / "expected.pt")
+    return {
+        "name": f"{name}-{config}",
+        "kind": "pipeline" if pipeline else "loaded",
+        "dir": str(d),
+        "inputs": str(d / "inputs.pt"),
+        "expected": str(d / "expected.pt"),
+        "hf": hf,
+        "unsharded": weight_bytes(ep),
+        "even": config != "ep4",  # an uneven split keeps more than 1/N on its first ranks
+    }
 
 
 def _logits(out):
     return logits(out).detach()
 
 
-#: model -> configurations. The embedded decoder with and without sequence parallelism and
-#: the fusion, and both; Llama and Qwen3 with each; every other family (fused projections,
-#: biases, other head widths, soft caps, windows, sandwich norms, experts: the tests do not
-#: say which) with sequence parallelism, which runs the tensor-parallel rewrite first. Each
-#: case costs a save here and a load in each rank: the list is what adds coverage.
-FULL = ("llama", "qwen3")
+#: model -> configurations on 2 ranks. Every family with no plan (the tests do not say
+#: which: fused projections, biases, head widths, soft caps, sinks, per-head and
+#: whole-projection q/k norms, interleaved rotary, experts stacked, gathered, batched or as
+#: separate linears, shared experts); sequence parallelism and the fusion on the decoder
+#: and a family; experts cut along their (interleaved) features; pipeline stages. Each case
+#: costs a save here and a load in each rank: the list is what adds coverage.
 WORLD2 = (
-    {"decoder": list(CONFIGS)}
-    | {n: ["tp", "tp+fuse", "sp"] for n in FULL}
-    | {f: ["sp"] for f in sorted(_hf.FAMILIES) if f not in FULL}
+    {"decoder": ["auto", "tp+fuse", "sp+fuse", "pp"], "decoder_moe": ["auto", "pp"]}
+    | {f: ["auto"] for f in sorted(_hf.FAMILIES)}
+    | {"llama": ["auto", "sp"], "gpt_oss": ["auto", "tp"]}
 )
-#: 4 ranks: the decoder has 4 KV heads; the Hugging Face configs have 2, which cannot be
-#: split across 4 ranks (see test_kv_heads_fewer_than_ranks_are_refused)
-WORLD4 = {"decoder": ["tp", "sp+fuse"]}
+#: 4 ranks: the named families with 4 KV heads (the tests' configs have 2, which cannot be
+#: split across 4 ranks; see test_analysis), experts over tp x ep, 6 experts over 4
+#: groups, tp x pp
+WORLD4 = {
+    "decoder": ["auto", "sp+fuse", "tp2pp2"],
+    "gpt_oss": ["auto", "tp2ep2"],
+    "qwen3_moe6": ["ep4"],
+} | {n: ["auto"] for n in NAMED if n != "gpt_oss"}
 
 
 #: inside torch.compile: the passes take the rank from torch.distributed, Inductor compiles
@@ -91,10 +120,11 @@ COMPILED = {
 }
 
 
-def _world(tmp_path_factory, world_size: int, plan: dict, extra=()) -> list:
+def _world(tmp_path_factory, world_size: int, plan: dict, extra=()) -> tuple[list, dict]:
     tmp = tmp_path_factory.mktemp(f"world{world_size}")
-    cases = [c for name, configs in plan.items() for c in _cases(tmp, world_size, [name], configs)]
-    return run(run_cases, world_size, [*cases, *extra], timeout=600)
+    cases = [_case(tmp, world_size, name, c) for name, configs in plan.items() for c in configs]
+    results = run(run_cases, world_size, [*cases, *extra], timeout=600)
+    return results, {c["name"]: c for c in cases}
 
 
 @pytest.fixture(scope="module")
@@ -107,21 +137,30 @@ def world4(tmp_path_factory):
     return _world(tmp_path_factory, 4, WORLD4)
 
 
+def _check(world, name: str, world_size: int) -> None:
+    results, cases = world
+    for rank, rank_results in enumerate(results):
+        r = rank_results[name]
+        assert r["err"] < TOL, f"rank {rank}: max error {r['err']}"
+        share = r["bytes"] / cases[name]["unsharded"]
+        if cases[name]["even"]:
+            assert share <= 1 / world_size + SLACK, f"rank {rank} keeps {share:.1%} of the weights"
+    if cases[name]["kind"] == "pipeline":  # the last stage's ranks compared the outputs
+        assert any(rank_results[name]["last"] for rank_results in results)
+
+
 @pytest.mark.parametrize("name, config", [(n, c) for n, cs in WORLD2.items() for c in cs])
 def test_two_ranks_compute_the_original(world2, name, config):
-    for rank, results in enumerate(world2):
-        r = results[f"{name}-{config}"]
-        assert r["err"] < TOL, f"rank {rank}: max error {r['err']}"
+    _check(world2, f"{name}-{config}", 2)
 
 
 @pytest.mark.parametrize("name, config", [(n, c) for n, cs in WORLD4.items() for c in cs])
 def test_four_ranks_compute_the_original(world4, name, config):
-    for rank, results in enumerate(world4):
-        assert results[f"{name}-{config}"]["err"] < TOL, f"rank {rank}"
+    _check(world4, f"{name}-{config}", 4)
 
 
 def test_passes_inside_torch_compile_know_their_rank(world2):
-    for rank, results in enumerate(world2):
+    for rank, results in enumerate(world2[0]):
         r = results["compiled"]
         assert r["err"] < TOL, f"rank {rank}"
         assert r["stats"]["tensor_parallel.sharded_weights"] == 9  # 7 linears, embedding, head
@@ -129,7 +168,13 @@ def test_passes_inside_torch_compile_know_their_rank(world2):
 
 
 def test_every_family_is_run():
-    assert set(WORLD2) == {"decoder", *_hf.FAMILIES}
+    assert set(WORLD2) >= {"decoder", *_hf.FAMILIES} and set(NAMED) <= set(_hf.FAMILIES)
+
+
+def test_experts_split_send_one_all_reduce_per_block(world2):
+    results, _ = world2
+    # mixtral: embedding, attention and experts per layer (2 layers), no more
+    assert results[0]["mixtral-auto"]["ops"]["all_reduce"] == 1 + 2 * 2
 
 
 # ----- in this process: files, manifest, loading -------------------------------------------
@@ -139,6 +184,7 @@ def test_save_writes_each_rank_and_a_manifest(tmp_path):
     shards = sharded(2)
     manifest = json.loads(shards.save(tmp_path).read_text())
     assert manifest["world_size"] == 2 and manifest["plan"] == shards.plan.to_dict()
+    assert manifest["mesh"] == {"tp": 2, "ep": 1, "pp": 1} and manifest["groups"] == []
     for rank, entry in enumerate(manifest["files"]):
         data = (tmp_path / entry["file"]).read_bytes()
         assert entry["file"] == f"rank{rank}.pt2" and entry["bytes"] == len(data)

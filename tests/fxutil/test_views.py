@@ -7,7 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from fxpass.fxutil.views import copy_variant, keeps_rows, view_base_name, view_variant
+from fxpass.fxutil.views import (
+    always_view,
+    copy_variant,
+    keeps_rows,
+    returns_view,
+    shares_storage,
+    view_base_name,
+    view_variant,
+)
 
 aten = torch.ops.aten
 
@@ -84,3 +92,52 @@ def test_keeps_rows(dialect):
     if dialect == "edge":
         names = {view_base_name(n) for n in ep.graph.nodes if n.op == "call_function"}
         assert {"view", "permute", "slice", "select", "expand", "unsqueeze"} <= names
+
+
+# ----- view or copy: torch's kernels decide, on meta tensors -----------------------------------
+@pytest.mark.parametrize(
+    "op, args, kwargs, view",
+    [
+        (aten.reshape.default, (torch.empty(2, 4, 8), [8, 8]), {}, True),
+        (aten.reshape.default, (torch.empty(2, 4, 1, 8).expand(2, 4, 3, 8), [2, 12, 8]), {}, False),
+        (aten.reshape.default, (torch.empty(4, 8).t(), [32]), {}, False),
+        (aten.reshape.default, (torch.empty(4, 8).t(), [2, 4, 4]), {}, True),  # splits a dim
+        (aten.flatten.using_ints, (torch.empty(4, 8).t(),), {}, False),
+        (aten.contiguous.default, (torch.empty(4, 8),), {}, True),
+        (aten.contiguous.default, (torch.empty(4, 8)[:, ::2],), {}, False),
+        (aten.to.dtype, (torch.empty(4), torch.float32), {}, True),
+        (aten.to.dtype, (torch.empty(4), torch.float16), {}, False),
+        (aten.to.dtype_layout, (torch.empty(4),), {"device": torch.device("cpu")}, True),
+        (aten.to.device, (torch.empty(4), torch.device("cuda"), torch.float32), {}, False),
+        (aten.view_as.default, (torch.empty(4, 8), torch.empty(32)), {}, True),
+        (aten.add.Tensor, (torch.empty(4), torch.empty(4)), {}, False),
+    ],
+)
+def test_returns_view_is_what_torch_does(op, args, kwargs, view):
+    assert returns_view(op, args, kwargs) is view
+    if not any(isinstance(a, torch.device) and a.type == "cuda" for a in args):
+        out = op(*args, **kwargs)  # the real op agrees
+        assert shares_storage(out, args[0]) is view
+
+
+def test_returns_view_cannot_tell_without_static_layouts():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    x = mode.from_tensor(torch.empty(4, 8), static_shapes=False)
+    assert returns_view(aten.reshape.default, (x, [32])) is None
+    assert returns_view(aten.reshape.default, (torch.fx.Graph().placeholder("x"), [32])) is None
+    assert returns_view(aten.reshape.default, (torch.empty(4, 8), [5])) is None  # refuses
+
+
+def test_always_views_and_fake_values_keep_aliasing():
+    assert always_view(aten.expand.default) and always_view(aten.split_with_sizes.default)
+    assert not always_view(aten.reshape.default) and not always_view(aten.contiguous.default)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(2, 4, 8)
+        e = x[:, :, None].expand(2, 4, 3, 8)
+        assert shares_storage(e, x) and not shares_storage(e.reshape(2, 12, 8), e)
+    assert not shares_storage(torch.empty(2), 3)

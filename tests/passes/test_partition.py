@@ -47,6 +47,19 @@ def test_delegate_mode_keeps_the_exported_program_valid():
     assert_same(ep.graph_module(*args), expected)
 
 
+def test_the_default_mode_works_on_an_exported_program_and_a_pt2_file(tmp_path):
+    """On a program, ``auto`` calls the pieces with ``invoke_subgraph`` (its IR has no
+    ``call_module``); the saved program loads back and computes the same."""
+    ep, args, expected = exported_with_args()
+    result = fp.apply(ep, f'partition{{support="{SUPPORT}"}}')
+    calls = fused_nodes(result.graph_module)
+    assert calls and all(c.op == "call_function" for c in calls)
+    result.program.validate()
+    assert_same(result.graph_module(*args), expected)
+    torch.export.save(result.program, tmp_path / "p.pt2")
+    assert_same(torch.export.load(tmp_path / "p.pt2").graph_module(*args), expected)
+
+
 def test_options_reach_the_partitioner():
     ep, _, _ = exported_with_args()
     gm = ep.graph_module
@@ -91,7 +104,7 @@ def test_listed_with_its_summary():
     info = fp.registry.REGISTRY.get("partition")
     assert info.summary.startswith("Fuse the largest cycle-free partitions")
     assert info.options["support"].required
-    assert info.options["mode"].default == "module"
+    assert info.options["mode"].default == "auto"
 
 
 def test_each_new_fusion_is_one_change_event_in_graph_order():

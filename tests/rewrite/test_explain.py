@@ -113,3 +113,48 @@ def test_a_view_in_front_of_an_op_the_rule_names_is_a_near_miss():
     assert "got aten.reshape.default" in miss.reason
     seeing = Rule(P(aten.relu.default, P.through(sin)), lambda a, b: None)
     assert len(explain(seeing, gm).matches) == 1
+
+
+# ----- what the report says ----------------------------------------------------------------------
+def test_no_near_miss_hint_once_every_norm_is_fused():
+    """Olmo3 (q/k RMSNorm over the projection, then rotary): after the default pipeline fused
+    every norm, the rotary ``mul`` behind a view of the q/k norm is not a near miss."""
+    import pytest
+
+    import fxpass as fp
+
+    _hf = pytest.importorskip("_hf")
+    result = fp.apply(_hf.exported("olmo3", layers=1))
+    gm = result.graph_module
+    assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.rsqrt.default]
+    assert not [h for rec in result.report.passes for h in rec.hints if str(h)]
+    assert "near miss" not in str(result.report)
+
+
+def test_a_hint_drops_the_sites_a_later_pass_fused():
+    import sys
+    from pathlib import Path
+
+    import fxpass as fp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+    from cli_targets import strict_add_norm, tiny_fp32
+
+    alone = fp.Pipeline([strict_add_norm]).run(tiny_fp32().graph_module).report
+    assert "near misses" in str(alone.find("strict_add_norm").hints[0])
+    report = fp.Pipeline([strict_add_norm, "fuse_add_rmsnorm"]).run(tiny_fp32().graph_module).report
+    (hint,) = report.find("strict_add_norm").hints
+    assert str(hint) == "" and not hint  # every site it came close to is fused now
+    assert "hint:" not in str(report)
+    assert report.to_dict()["root"]["children"][0]["hints"] == []
+
+
+def test_a_rule_set_that_rewrites_nothing_says_why():
+    import fxpass as fp
+
+    nothing = rules("nothing", [(P(torch.ops.aten.cosh.default, P.var("x")), lambda x: x)])
+    report = fp.Pipeline([nothing]).run(exported_gm()).report
+    (note,) = report.find("nothing").notes
+    assert note.startswith("found nothing to rewrite: ")
+    assert "no node calls aten.cosh.default" in note
+    assert "note: nothing: found nothing to rewrite" in str(report)

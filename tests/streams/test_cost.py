@@ -43,3 +43,14 @@ def test_big_work_costs_more_than_the_floor():
 def test_bad_device_numbers_are_refused(field):
     with pytest.raises(ValueError, match=f"CostModel.{field} must be positive"):
         CostModel(**{field: 0})
+
+
+def test_a_reshape_that_copies_costs_a_kernel_and_one_that_views_is_free():
+    def repeat_kv(k):
+        return k.reshape(2, 256), k[:, :, None].expand(2, 2, 2, 8, 16).reshape(2, 4, 8, 16)
+
+    nodes = _nodes(repeat_kv, torch.randn(2, 2, 8, 16))
+    model = CostModel()
+    assert model.node_us(nodes["reshape"]) == 0.0  # row-major: a view
+    assert model.node_us(nodes["expand"]) == 0.0
+    assert model.node_us(nodes["reshape_1"]) == model.kernel_us  # of the expand: a copy

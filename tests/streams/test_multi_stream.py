@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from _streams import MODELS, original, scheduled
+from _streams import HF_MODELS, MODELS, original, scheduled
 from torch import fx
 
 import fxpass as fp
@@ -45,6 +45,17 @@ def test_second_stream_used_where_the_cost_model_says_and_outputs_are_equal(name
         got = gm(*inputs)
     assert len(calls) == sum(1 for n in gm.graph.nodes if is_stream_op(n))
     for g, w in zip(got, before(*inputs)):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("name", HF_MODELS)
+def test_gqa_moe_decoders_from_hugging_face_configs(name):
+    gm, result = scheduled(name)
+    stats = _stats(result)
+    assert stats["regions_split"] >= 2 and stats["side_kernels"] > 0
+    assert check_streams(gm) == []
+    before, inputs = original(name)
+    for g, w in zip(gm(*inputs), before(*inputs)):
         assert torch.equal(g, w)
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from _streams import scheduled
+from _streams import HF_MODELS, SPEC, original, scheduled
 from torch import fx
 
+import fxpass as fp
+from fxpass.edit.alias import node_memory
 from fxpass.ops.stream import is_stream_op
 from fxpass.streams import apply_plan, plan_streams
 from fxpass.streams.regions import module_path
-from fxpass.verify import check_streams
+from fxpass.verify import check_streams, require_metadata
 from fxpass.verify.streams import is_kernel
 
 OPS = torch.ops.fxpass
@@ -89,3 +92,52 @@ def test_an_empty_plan_changes_nothing():
     before = [n.name for n in gm.graph.nodes]
     stats = apply_plan(gm, plan_streams(gm, streams=2))
     assert stats.events == 0 and [n.name for n in gm.graph.nodes] == before
+
+
+class _Changes(fp.Instrumentation):
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_change(self, event, ctx) -> None:
+        self.events.append((event.kind, event.rule, [n.name for n in event.old]))
+
+
+def test_every_edit_goes_through_the_editor_with_provenance():
+    gm, _ = original("moe")
+    changes = _Changes()
+    pipe = fp.Pipeline.parse(SPEC).add_checks(require_metadata("val"))
+    assert pipe.run(gm, instrument=[changes]).modified  # the metadata check passes
+    ops = [n for n in gm.graph.nodes if is_stream_op(n)]
+    inserted = [e for e in changes.events if e[0] == "insert"]
+    assert len(inserted) == len(ops)
+    assert any(e[:2] == ("modify", "multi_stream.order") for e in changes.events)
+    for node in ops:
+        rule = node.meta["fxpass_provenance"]["rule"]
+        assert rule == f"multi_stream.{node.target._schema.name.split('::')[1]}"
+        assert node.meta["from_node"] and node.meta["from_node"][0].pass_name == "multi_stream"
+        assert isinstance(node.meta["stream"], int)
+    for rec in _ops(gm, OPS.record_event.default):  # a record names the kernel it follows
+        if rec.prev.op == "call_function" and not is_stream_op(rec.prev):
+            assert rec.meta["from_node"][0].name == rec.prev.name
+
+
+@pytest.mark.parametrize("name", HF_MODELS)
+def test_a_copying_view_on_a_side_stream_is_recorded_after_it_runs(name):
+    """The GQA repeat (reshape of an expand) copies: its event comes after it."""
+    gm, _ = scheduled(name)
+    assert check_streams(gm) == []
+    copies = [
+        n
+        for n in gm.graph.nodes
+        if node_memory(n).kind == "copy"
+        and n.meta.get("stream")
+        and any(u.meta.get("stream") == 0 and is_kernel(u) for u in n.users)
+    ]
+    assert len(copies) >= 2  # k and v of each layer... at least one per layer
+    for copy in copies:
+        after = copy.next
+        while after.op == "call_function" and not is_kernel(after):
+            if after.target is OPS.record_event.default and after.args[1] == copy.meta["stream"]:
+                break
+            after = after.next
+        assert after.target is OPS.record_event.default, f"{copy.name} is not recorded"

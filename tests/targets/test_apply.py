@@ -109,3 +109,40 @@ def test_wrong_targets_say_what_to_do():
         apply(convnet(), drop_asserts)
     with pytest.raises(TypeError, match="got str"):
         apply("model.pt2", drop_asserts)
+
+
+# ----- strict warnings, portable programs, bad pipelines ----------------------------------------
+def test_the_apply_path_is_clean_under_strict_warnings(tmp_path):
+    """What many test suites set (-W error::FutureWarning -W error::DeprecationWarning): on a
+    Hugging Face program, fxpass's apply, save and load warn nothing (torch's LeafSpec
+    deprecation once came from fxpass copying pytree specs)."""
+    import warnings
+
+    from fxpass.targets.export import load
+
+    _hf = pytest.importorskip("_hf")
+    ep = _hf.exported("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        result = apply(ep)
+        assert result.modified
+        torch.export.save(result.program, tmp_path / "out.pt2")
+        load(tmp_path / "out.pt2", imports=["transformers"])
+
+
+def test_portable_leaves_no_fxpass_op_and_computes_the_same():
+    ep = _models.exported()
+    fused = apply(ep)
+    portable = apply(ep, portable=True)
+    ops = {str(n.target) for n in portable.graph_module.graph.nodes}
+    assert not any(op.startswith("fxpass.") for op in ops)
+    assert portable.report.find("lower_fused_ops").stats["lowered"] == 5
+    args = ep.example_inputs[0]
+    torch.testing.assert_close(portable.program.module()(*args), fused.program.module()(*args))
+
+
+@pytest.mark.parametrize("spec", ["", "  "])
+def test_an_empty_spec_is_an_error(spec):
+    with pytest.raises(fp.SpecError, match="the pipeline spec is empty"):
+        apply(_models.exported_gm(), spec)

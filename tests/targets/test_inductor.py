@@ -124,18 +124,24 @@ def test_chained_uuid_covers_the_pass_already_installed():
     assert ours.chain(None) is ours
 
 
-def test_inductor_runs_the_pipeline_chained_and_caches(monkeypatch):
-    from torch._dynamo.utils import counters
+def test_inductor_runs_the_pipeline_chained_and_caches():
     from torch._inductor import config
-
-    torch._dynamo.reset()
-    calls = []
 
     class Existing(InductorPass):  # a pass some other library installed first
         def __call__(self, graph):
             calls.append(sum(1 for n in graph.nodes if n.target is aten.rsqrt.default))
 
-    monkeypatch.setattr(config, "post_grad_custom_post_pass", Existing([]))
+    calls: list[int] = []
+    # config.patch, not monkeypatch: undoing monkeypatch deletes an Inductor config entry
+    with config.patch(post_grad_custom_post_pass=Existing([])):
+        _chained_and_cached(calls, Existing)
+
+
+def _chained_and_cached(calls, Existing):
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    torch._dynamo.reset()
     model = build_decoder(layers=1, hidden=32, intermediate=64, dtype=torch.float32)
     (ids,) = model.example_inputs()
     expected = model(ids)
@@ -159,13 +165,13 @@ def test_inductor_runs_the_pipeline_chained_and_caches(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_install_chains_and_bad_hooks_are_refused(monkeypatch):
+def test_install_chains_and_bad_hooks_are_refused():
     from torch._inductor import config
 
-    monkeypatch.setattr(config, "post_grad_custom_pre_pass", None)
-    first = inductor_pass([scale_by]).install("post_grad_custom_pre_pass")
-    second = inductor_pass([rsqrt_to_reciprocal_sqrt]).install("post_grad_custom_pre_pass")
-    assert config.post_grad_custom_pre_pass is second and second.previous == (first,)
+    with config.patch(post_grad_custom_pre_pass=None):
+        first = inductor_pass([scale_by]).install("post_grad_custom_pre_pass")
+        second = inductor_pass([rsqrt_to_reciprocal_sqrt]).install("post_grad_custom_pre_pass")
+        assert config.post_grad_custom_pre_pass is second and second.previous == (first,)
     with pytest.raises(ValueError, match="unknown Inductor hook"):
         inductor_pass([scale_by]).install("joint_custom_pass")
 

@@ -217,5 +217,39 @@ def test_an_unregistered_operator_names_the_op_and_the_fix(good, tmp_path):
     with pytest.raises(Pt2Error) as err:
         load(path)
     message = str(err.value)
-    assert "calls torch.ops.nowhere.mul.Tensor, an operator no loaded library registers" in message
+    assert "calls torch.ops.nowhere.mul.Tensor, which no loaded module registers" in message
+    assert "no installed Python module's source registers nowhere::mul" in message
     assert "--import" in message and "warnings above" not in message
+
+
+LATE_OPS = """
+import torch
+
+@torch.library.custom_op("fxp_late_ops::times", mutates_args=())
+def times(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return self * other
+
+times.register_fake(lambda self, other: torch.empty_like(self))
+"""
+
+
+def test_an_unregistered_operator_names_the_installed_module_that_registers_it(
+    good, tmp_path, monkeypatch
+):
+    """Found by reading the sources on the import path (nothing is imported to find it)."""
+    (tmp_path / "fxp_late_ops.py").write_text(LATE_OPS)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    path = renamed(
+        good,
+        tmp_path / "op.pt2",
+        "torch.ops.aten.mul.Tensor",
+        "torch.ops.fxp_late_ops.times.default",
+    )
+    with pytest.raises(Pt2Error) as err:
+        load(path)
+    assert "fxp_late_ops" not in sys.modules
+    message = str(err.value)
+    assert "fxp_late_ops registers it (found in its source)" in message
+    assert "--import fxp_late_ops" in message
+    ep = load(path, imports=["fxp_late_ops"])
+    torch.testing.assert_close(ep.module()(X).z, load(good).module()(X).z)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _streams import scheduled
+from _streams import repeat_kv_race, scheduled
 from torch import fx
 
 import fxpass as fp
@@ -214,3 +214,17 @@ def test_require_safe_streams_raises_with_every_violation():
     with pytest.raises(StreamScheduleError, match=r"unsafe spots in the stream schedule"):
         require_safe_streams(gm)
     assert fp.verify.require_safe_streams is require_safe_streams
+
+
+# ----- issue 19: a reshape of an expand copies ------------------------------------------------
+def test_issue_19_a_copying_reshape_after_its_event_is_a_race():
+    gm, _ = repeat_kv_race(fixed=False)
+    reshape = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.reshape.default)
+    assert reshape.args[0].target is torch.ops.aten.expand.default
+    v, unjoined = check_streams(gm)  # (the copy is also the side stream's last, unjoined work)
+    assert unjoined.kind == "unjoined_stream" and unjoined.nodes == ("reshape",)
+    assert v.kind == "missing_sync" and v.nodes[:2] == ("scaled_dot_product_attention", "reshape")
+    assert "reads reshape, which reshape (stream 1) wrote" in v.message
+    assert "(wait_event_1) is for record_event_1, too early" in v.message
+    fixed, _ = repeat_kv_race(fixed=True)
+    assert check_streams(fixed) == []

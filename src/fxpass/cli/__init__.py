@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import click
 
+from ..fxutil.messages import error_summary, first_line
 from ._common import (
     EXIT_CODES_HELP,
     FAILED,
@@ -84,22 +85,18 @@ def _code_for(e: BaseException) -> tuple[int, str]:
     if isinstance(e, SpecError):
         return USAGE, spec_error_line(e)
     if isinstance(e, PassFailedError):
-        line = str(e).splitlines()[0]
+        line = first_line(e)
         tail = " (the input was left unchanged)" if e.restored else ""
         if e.reproducer:
             tail += f"; reproduce with: {e.reproducer}"
         return FAILED, line + tail
     if isinstance(e, NumericsError):
-        return NUMERICS, str(e).splitlines()[0]
+        return NUMERICS, first_line(e)
     if isinstance(e, FxpassError):
-        return FAILED, str(e).splitlines()[0]
+        return FAILED, first_line(e)
     if isinstance(e, click.exceptions.FileError):
         return LOAD, e.format_message()
-    first = (str(e).strip().splitlines() or [""])[0]
-    return (
-        INTERNAL,
-        f"internal error: {type(e).__name__}: {first} (run with --debug for the traceback)",
-    )
+    return INTERNAL, f"internal error: {error_summary(e)} (run with --debug for the traceback)"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -125,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = INTERRUPTED
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else FAILED
-    except BaseException as e:
+    except BaseException as e:  # broad: reported — the command's one line on stderr, exit code
         code, message = _code_for(e)
         if debug:
             traceback.print_exception(e)

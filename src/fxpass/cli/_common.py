@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 from rich.console import Console
+
+from ..fxutil import files
 
 # Exit codes (documented in `fxpass --help` and docs/cli.md).
 OK = 0
@@ -33,6 +36,11 @@ EXIT_CODES = [
     (INTERRUPTED, "interrupted"),
 ]
 EXIT_CODES_HELP = "Exit codes:\n" + "\n".join(f"  {c:<4} {text}" for c, text in EXIT_CODES)
+
+
+def plural(n: int, word: str) -> str:
+    """``1 layer``, ``2 layers``: a count and its noun, agreeing."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 class CliError(Exception):
@@ -81,26 +89,62 @@ def check_writable(path: str | os.PathLike, what: str) -> Path:
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[str], Any], what: str) -> Path:
-    """Write through ``write(tmp_path)`` to a temporary file, then rename it into place;
-    returns the absolute path written (what the commands print)."""
+    """Write through ``write(tmp_path)`` to a temporary file, then rename it into place
+    (:func:`fxpass.fxutil.files.write_atomic`); returns the absolute path written (what the
+    commands print). A failure to write is one line, exit 5."""
     path = check_writable(path, what)
-    # The temporary name keeps the suffix: torch.export.save wants a name ending in .pt2.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp.", suffix=path.suffix)
-    os.close(fd)
     try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
+        files.write_atomic(path, write)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}", WRITE) from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path.absolute()
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+# ----- the one import rule: --import MODULE and $FXPASS_IMPORT, on every command that loads --
+IMPORT_ENV = "FXPASS_IMPORT"
+
+
+def allowed_imports(given: Sequence[str]) -> list[str]:
+    """The modules to import: ``$FXPASS_IMPORT`` (comma or space separated), then ``--import``."""
+    from_env = re.split(r"[,\s]+", os.environ.get(IMPORT_ENV, "").strip())
+    out: list[str] = []
+    for name in [*from_env, *given]:
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def import_allowed(imports: Sequence[str]) -> None:
+    """Import the ``--import`` modules (and FXPASS_IMPORT's); a failure is one line, exit 3."""
+    from ..core.imports import import_modules
+
+    for module in imports:
+        try:
+            import_modules([module])
+        except Exception as e:
+            raise CliError(
+                f"cannot import {module} (named by --import or {IMPORT_ENV}): "
+                f"{type(e).__name__}: {e}",
+                LOAD,
+            ) from e
+
+
+def _import_now(_ctx: click.Context, _param: click.Parameter, given: tuple[str, ...]) -> list[str]:
+    imports = allowed_imports(given)
+    import_allowed(imports)  # before anything else: a module may register ops, passes, types
+    return imports
+
+
+def import_option(fn: Any) -> Any:
+    """``--import MODULE`` (repeatable) and ``$FXPASS_IMPORT``, for every command that loads a
+    program: the modules are imported while the command line is read, before the command
+    runs, and the command gets their names (``imports``) to pass on to what it loads."""
+    return click.option(
+        "--import",
+        "imports",
+        multiple=True,
+        metavar="MODULE",
+        callback=_import_now,
+        help=f"Import MODULE first (repeatable; also ${IMPORT_ENV}, comma-separated): it may "
+        "register ops, passes and output types, e.g. --import transformers.integrations.moe.",
+    )(fn)

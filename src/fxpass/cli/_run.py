@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..fxutil.messages import first_line
 from ._targets import Target
 
 if TYPE_CHECKING:
@@ -11,17 +12,26 @@ if TYPE_CHECKING:
 
 
 def parse_pipeline(spec: str | None) -> Any:
-    """The pipeline for ``-p SPEC`` (the registered ``default`` when None or blank).
+    """The pipeline for ``-p SPEC`` (the registered ``default`` when ``-p`` is not given).
 
     A bad spec raises :class:`~fxpass.core.errors.SpecError`, which ``main`` reports as
-    :func:`spec_error_line` with exit code 2."""
+    :func:`spec_error_line` with exit code 2; so does an empty one (``-p ""``), which would
+    otherwise run nothing, or the default, without saying so."""
+    from ..core.errors import SpecError
     from ..targets.apply import resolve_pipeline
 
-    return resolve_pipeline(None if spec is None or spec.strip() == "" else spec)
+    if spec is not None and not spec.strip():
+        raise SpecError(
+            "the spec is empty: name the passes (e.g. -p cse,dce), or leave -p out for the "
+            "default pipeline",
+            spec,
+            1,
+        )
+    return resolve_pipeline(spec)
 
 
 def spec_error_line(e: Any) -> str:
-    message = getattr(e, "message", None) or str(e).splitlines()[0]
+    message = getattr(e, "message", None) or first_line(e)
     spec, column = getattr(e, "spec", ""), getattr(e, "column", 0)
     where = f" at column {column} of '{spec}'" if spec else ""
     return f"bad pipeline spec{where}: {message}"
@@ -61,9 +71,10 @@ def evaluate(program: Any, target: Target) -> list[Any]:
     return run_graph(program, user_inputs(target))
 
 
-def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
-    """``program``'s outputs computed in float32 where it uses bf16/fp16 (or None): the
-    yardstick that tells rounding from wrong rewrites (see ``compare_outputs``)."""
+def evaluate_promoted(program: Any, target: Target) -> Any:
+    """``program``'s outputs computed in float32 where it uses bf16/fp16 (or None, or why
+    that run failed): the yardstick that tells rounding from wrong rewrites (see
+    ``run_graph_promoted``, ``compare_outputs``)."""
     import torch
 
     from ..verify.compare import run_graph_promoted
@@ -75,8 +86,24 @@ def evaluate_promoted(program: Any, target: Target) -> list[Any] | None:
     return run_graph_promoted(program, user_inputs(target))
 
 
-def apply_pipeline(target: Target, pipeline: Any, instrument: list[Any]) -> ApplyResult:
-    """Run ``pipeline`` on the target through ``fxpass.apply`` (same kind in, same kind out)."""
+def apply_pipeline(
+    target: Target,
+    pipeline: Any,
+    instrument: list[Any],
+    cache: str | None = None,
+    *,
+    portable: bool = False,
+) -> ApplyResult:
+    """Run ``pipeline`` on the target through ``fxpass.apply`` (same kind in, same kind out);
+    ``cache`` is a pipeline cache folder (``--cache``); ``portable``: then lower fxpass's ops
+    to torch's own."""
     from ..targets.apply import apply
 
-    return apply(target.program, pipeline, target.args, instrument=instrument)
+    return apply(
+        target.program,
+        pipeline,
+        target.args,
+        instrument=instrument,
+        cache=cache,
+        portable=portable,
+    )

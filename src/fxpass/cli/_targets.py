@@ -15,42 +15,17 @@ A TARGET is
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-
-from ..core.imports import import_modules, resolve_import
+from ..core.imports import resolve_import
+from ..fxutil.messages import error_summary
 from ..targets.pt2 import Pt2Error, _quiet, load, stand_in_types
-from ._common import LOAD, USAGE, CliError, stderr
+from ._common import LOAD, USAGE, CliError, import_allowed, stderr
 
 TARGET_HELP = "TARGET is a .pt2 file, a .fxgraph file, or module:function (see docs/cli.md)."
-IMPORT_ENV = "FXPASS_IMPORT"
-
-
-def import_option(fn: Any) -> Any:
-    """``--import MODULE`` (repeatable) for the commands that load TARGETs."""
-    return click.option(
-        "--import",
-        "imports",
-        multiple=True,
-        metavar="MODULE",
-        help=f"Import MODULE before loading (repeatable; also ${IMPORT_ENV}, comma-separated). "
-        "It may register ops and output types, e.g. --import transformers.",
-    )(fn)
-
-
-def allowed_imports(given: Sequence[str]) -> list[str]:
-    """The modules to import: ``$FXPASS_IMPORT`` (comma or space separated), then ``--import``."""
-    from_env = re.split(r"[,\s]+", os.environ.get(IMPORT_ENV, "").strip())
-    out: list[str] = []
-    for name in [*from_env, *given]:
-        if name and name not in out:
-            out.append(name)
-    return out
 
 
 @dataclass
@@ -142,29 +117,13 @@ def _load_python(ref: str, decompose: bool) -> Target:
                 if decompose:
                     ep = ep.run_decompositions()
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise CliError(
-                f"cannot export the model from {ref}: {type(e).__name__}: {first}", LOAD
-            ) from e
+            raise CliError(f"cannot export the model from {ref}: {error_summary(e)}", LOAD) from e
         return Target(ref, "python", ep, list(inputs))
     raise CliError(
         f"TARGET function {ref} returned {type(made).__name__}; it must return "
         "(model, example_inputs), an ExportedProgram or a GraphModule",
         LOAD,
     )
-
-
-def import_allowed(imports: Sequence[str]) -> None:
-    """Import the ``--import`` modules (and FXPASS_IMPORT's); a failure is one line, exit 3."""
-    for module in imports:
-        try:
-            import_modules([module])
-        except Exception as e:
-            raise CliError(
-                f"cannot import {module} (named by --import or FXPASS_IMPORT): "
-                f"{type(e).__name__}: {e}",
-                LOAD,
-            ) from e
 
 
 def load_target(text: str, *, decompose: bool = True, imports: Sequence[str] = ()) -> Target:

@@ -11,6 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from ..fxutil.messages import first_line
 from ._common import (
     FAILED,
     LOAD,
@@ -19,19 +20,28 @@ from ._common import (
     CliError,
     check_writable,
     emit_json,
+    import_option,
+    plural,
     stderr,
     stdout,
     write_atomic,
 )
+from ._ops import needed_ops
 from ._run import apply_pipeline, evaluate, evaluate_promoted, graph_inputs, parse_pipeline
-from ._targets import Target, allowed_imports, import_allowed, import_option, load_target
+from ._targets import Target, load_target
 
-_TOL = [
+_TOL = [  # a negative tolerance fails equal values: refused as a usage error (exit 2)
     click.option(
-        "--rtol", type=float, default=None, help="Relative tolerance (default: by dtype)."
+        "--rtol",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Relative tolerance, >= 0 (default: by dtype).",
     ),
     click.option(
-        "--atol", type=float, default=None, help="Absolute tolerance (default: by dtype)."
+        "--atol",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Absolute tolerance, >= 0 (default: by dtype).",
     ),
 ]
 
@@ -59,7 +69,8 @@ def _graph_code(gm: Any) -> str:
 # ----- list -----------------------------------------------------------------------------------
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def list_cmd(as_json: bool) -> None:
+@import_option
+def list_cmd(as_json: bool, imports: list[str]) -> None:
     """List the registered passes with their options and one-line docs."""
     from ..core.registry import REGISTRY
 
@@ -116,17 +127,20 @@ def show(target: str, spec: str | None, as_json: bool, imports: tuple[str, ...])
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
     """
-    imports = allowed_imports(imports)
-    import_allowed(imports)  # before the spec: a module may register passes
     pipeline = parse_pipeline(spec) if spec is not None else None
     t = load_target(target, imports=imports)
     out = stdout()
     before = _graph_code(t.graph_module)
     if pipeline is None:
+        needs = needed_ops(t.graph_module)
         if as_json:
-            emit_json({"target": target, "nodes": len(t.graph_module.graph.nodes), "code": before})
+            emit_json({"target": target, "nodes": len(t.graph_module.graph.nodes), "code": before,
+                       "ops": {ns.name: ns.to_dict() for ns in needs}})  # fmt: skip
             return
         _print_graph(out, f"{target} ({len(t.graph_module.graph.nodes)} nodes)", before)
+        out.rule("ops it calls, by namespace, and who registers them", style="dim")
+        for ns in needs:
+            out.print(ns.line(), markup=False, highlight=False)
         return
     from ..html.capture import GraphRecorder
 
@@ -156,7 +170,7 @@ def _print_changes(out, changes: list, modified: bool) -> None:
     for c in changes:
         out.print(
             f"{c.label}: +{c.added} new, -{c.removed} removed, ~{c.changed} changed, "
-            f"{c.rewired} rewired, in {c.hunks_total} regions",
+            f"{c.rewired} rewired, in {plural(c.hunks_total, 'region')}",
             markup=False,
         )
 
@@ -176,11 +190,16 @@ def _print_changes(out, changes: list, modified: bool) -> None:
               help="Write the HTML report with pictures of each change.")  # fmt: skip
 @click.option("--reproducer", type=click.Path(file_okay=False), default=None,
               help="On failure, write a reproducer folder under this folder.")  # fmt: skip
+@click.option("--cache", "cache", type=click.Path(file_okay=False), default=None,
+              help="Keep the result in this folder; a later run restores it without the passes.")  # fmt: skip
+@click.option("--portable", is_flag=True,
+              help="Lower every fxpass:: op to torch's own ops last: the output runs without "
+              "fxpass.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @_tolerances
 @import_option
 def run(target, spec, output, print_after_change, print_after_all, timing, statistics,
-        verify, html, reproducer, as_json, rtol, atol, imports) -> None:  # fmt: skip
+        verify, html, reproducer, cache, portable, as_json, rtol, atol, imports) -> None:  # fmt: skip
     """Run a pipeline on TARGET: print what each pass did, optionally verify and save.
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
@@ -188,8 +207,6 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     from ..core.errors import PassFailedError
     from ..core.instrument import PrintIR, Statistics, Timing
 
-    imports = allowed_imports(imports)
-    import_allowed(imports)
     pipeline = parse_pipeline(spec)
     if html:
         check_writable(html, "report")
@@ -228,11 +245,11 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
 
         instruments.append(CrashReproducer(reproducer, imports=imports))
     try:
-        result = apply_pipeline(t, pipeline, instruments)
+        result = apply_pipeline(t, pipeline, instruments, cache, portable=portable)
     except PassFailedError as e:
         report = getattr(e, "report", None)
         if as_json:
-            emit_json({"ok": False, "error": str(e).splitlines()[0], "exit_code": FAILED,
+            emit_json({"ok": False, "error": first_line(e), "exit_code": FAILED,
                        "report": report.to_dict() if report else None})  # fmt: skip
         raise
     final = None
@@ -345,7 +362,6 @@ def diff(a: str, b: str, html: str | None, exit_code: bool, as_json: bool, impor
 
     if html:
         check_writable(html, "report")
-    imports = allowed_imports(imports)
     ta, tb = load_target(a, imports=imports), load_target(b, imports=imports)
     change = diff_graphs(ta.graph_module, tb.graph_module, name=f"{a} -> {b}", max_hunks=20)
     ca, cb = op_counts(ta.graph_module), op_counts(tb.graph_module)
@@ -372,7 +388,7 @@ def _print_diff(change, ops: dict, same: bool) -> None:
     out.print(
         f"nodes {change.nodes_before} -> {change.nodes_after}: +{change.added} new, "
         f"-{change.removed} removed, ~{change.changed} changed, {change.rewired} rewired, "
-        f"in {change.hunks_total} regions",
+        f"in {plural(change.hunks_total, 'region')}",
         markup=False,
     )
     if ops:
@@ -406,8 +422,6 @@ def bisect_cmd(target: str, spec: str | None, as_json: bool, rtol, atol, imports
     """
     from ..verify.bisect import bisect
 
-    imports = allowed_imports(imports)
-    import_allowed(imports)
     pipeline = parse_pipeline(spec)
     t = load_target(target, imports=imports)
     err = stderr()
@@ -437,8 +451,6 @@ def repro(path: str, spec: str | None, imports: tuple[str, ...]) -> None:
 
     Fails exactly as the original run did: the same error, exit code 1.
     """
-    imports = allowed_imports(imports)
-    import_allowed(imports)
     p = Path(path)
     if p.is_dir():
         from ..core.errors import FxpassError, PassFailedError
@@ -449,7 +461,7 @@ def repro(path: str, spec: str | None, imports: tuple[str, ...]) -> None:
         except PassFailedError:
             raise
         except FxpassError as e:
-            raise CliError(str(e).splitlines()[0], LOAD) from e
+            raise CliError(first_line(e), LOAD) from e
         stdout().print(result.report)
         stdout().print("the failure did not reproduce: the pipeline ran cleanly")
         return

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..core.instrument import Instrumentation
 from ..targets.apply import ApplyResult
-from ._common import NUMERICS, CliError, check_writable, emit_json, stderr, stdout
+from ._common import NUMERICS, CliError, check_writable, emit_json, plural, stderr, stdout
 from ._run import apply_pipeline, evaluate, evaluate_promoted, graph_inputs
 from ._targets import Target
 
@@ -39,12 +39,14 @@ def _export(layers: int, progress: Progress) -> Target:
 
     from ..models.llama import build_decoder
 
-    task = progress.add_task(f"exporting the tiny Llama decoder ({layers} layers)", total=None)
+    task = progress.add_task(
+        f"exporting the tiny Llama decoder ({plural(layers, 'layer')})", total=None
+    )
     model = build_decoder(layers=layers)
     inputs = model.example_inputs()
     ep = torch.export.export(model, inputs).run_decompositions()
     progress.remove_task(task)
-    return Target(f"tiny Llama decoder ({layers} layers)", "python", ep, list(inputs))
+    return Target(f"tiny Llama decoder ({plural(layers, 'layer')})", "python", ep, list(inputs))
 
 
 def _fused_block(changes: list) -> tuple[Any, Any] | None:

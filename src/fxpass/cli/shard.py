@@ -1,4 +1,4 @@
-"""``fxpass shard``: one program per rank of a tensor-parallel group, from a ``.pt2`` file."""
+"""``fxpass shard``: one program per rank of a ``tp x ep x pp`` mesh, from a ``.pt2`` file."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import LOAD, WRITE, CliError, emit_json, stdout
+from ._common import LOAD, USAGE, WRITE, CliError, emit_json, import_option, stdout
 from ._targets import load_target
 
 __all__ = ["shard_cmd"]
@@ -23,48 +23,88 @@ def _output_dir(output: str) -> Path:
     return path
 
 
-@click.command("shard", short_help="Shard a .pt2 program for tensor parallelism, per rank.")
+def _plan(plan_file: str | None):
+    """The plan file, read and checked field by field (a bad one is a usage error)."""
+    from ..distributed import PlanError, ShardPlan
+
+    if plan_file is None:
+        return None
+    try:
+        return ShardPlan.load(plan_file)
+    except PlanError as e:
+        raise CliError(f"{plan_file}: {e}", USAGE) from None
+
+
+def _mesh_dims(world_size, tp, ep, pp) -> dict:
+    if world_size is None and tp is None and ep is None and pp is None:
+        return {}
+    return {"world_size": world_size, "tp": tp, "ep": ep, "pp": pp}
+
+
+_DIM = click.IntRange(min=1)
+
+
+@click.command("shard", short_help="Shard a .pt2 program per rank: tensor, expert, pipeline.")
 @click.argument("target")
-@click.option("--world-size", "-n", type=click.IntRange(min=1), required=True,
-              help="Number of ranks.")  # fmt: skip
+@click.option("--world-size", "-n", type=_DIM, default=None,
+              help="Number of ranks (the mesh is chosen: TP, and EP for experts).")  # fmt: skip
+@click.option("--tp", type=_DIM, default=None, help="Tensor-parallel ranks per expert group.")
+@click.option("--ep", type=_DIM, default=None, help="Expert groups (experts split across them).")
+@click.option("--pp", type=_DIM, default=None, help="Pipeline stages (cut by a cost model).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Folder for rank<r>.pt2, plan.json and manifest.json.")  # fmt: skip
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
               help="Use this plan (JSON, as written to plan.json) instead of analyzing.")  # fmt: skip
 @click.option("--print-plan", is_flag=True, help="Print the plan: each decision and why.")
-@click.option("--sequence-parallel", is_flag=True,
+@click.option("--sequence-parallel", is_flag=True, default=None,
               help="Reduce-scatter + all-gather around the norms instead of all-reduce.")  # fmt: skip
-@click.option("--fuse", is_flag=True, help="Fuse all-reduce + residual add + RMSNorm.")
+@click.option(
+    "--fuse", is_flag=True, default=None, help="Fuse all-reduce + residual add + RMSNorm."
+)
 @click.option("--uneven", type=click.Choice(["error", "replicate"]), default="error",
-              help="What to do with layers the world size does not divide.")  # fmt: skip
+              help="What to do with layers the ranks do not divide.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def shard_cmd(target, world_size, output, plan_file, print_plan, sequence_parallel, fuse,
-              uneven, as_json) -> None:  # fmt: skip
+@import_option
+def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, sequence_parallel,
+              fuse, uneven, as_json, imports) -> None:  # fmt: skip
     """Shard TARGET (a .pt2 file) into one program per rank: rank0.pt2 ... in OUTPUT, with
-    plan.json (edit it and pass it back with --plan) and manifest.json (world size, plan,
-    per-rank files, bytes, sha256). Each rank loads its file and runs it on
-    torch.distributed (see docs/distributed.md).
+    plan.json (edit it and pass it back with --plan) and manifest.json (mesh, plan, per-rank
+    files, bytes, sha256). Give the number of ranks (-n) or the mesh (--tp, --ep, --pp; the
+    ranks are their product). Each rank loads its file and runs it on torch.distributed; with
+    --pp, under torch.distributed.pipelining (see docs/distributed.md).
     """
-    from ..distributed import ShardPlan, analyze, shard
+    from ..distributed import PlanError, analyze, pipeline_stages, shard
+    from ..distributed.sharded import resolve_mesh
 
+    dims = _mesh_dims(world_size, tp, ep, pp)
+    plan = _plan(plan_file)
+    if not dims and plan is None:
+        raise click.UsageError("give the number of ranks (-n/--world-size) or --tp/--ep/--pp")
     if output is None and not print_plan:
         raise click.UsageError("give -o/--output (a folder), or --print-plan to only plan")
     out_dir = _output_dir(output) if output else None
-    t = load_target(target)
+    t = load_target(target, imports=imports)
     if not t.is_exported:
         raise CliError(f"fxpass shard needs an exported program (.pt2), not {t.kind}", LOAD)
-    plan = ShardPlan.load(plan_file) if plan_file else None
-    if world_size > 1 and plan is None:
-        plan = analyze(t.program, world_size, uneven=uneven)
+    try:
+        mesh = resolve_mesh(t.program, dims.get("world_size"), None, tp, ep, pp, plan)
+    except PlanError as e:  # a plan for another mesh
+        raise CliError(str(e), USAGE) from None
+    if mesh.world_size > 1 and plan is None:
+        plan = analyze(t.program, mesh=mesh, uneven=uneven)
     console = stdout()
-    if print_plan and plan is not None:
-        if as_json and out_dir is None:
-            emit_json(plan.to_dict())
-        elif not as_json:
-            console.print(plan)
     if out_dir is None:
+        if plan is not None and plan.mesh.pp > 1 and not plan.stages:  # part of the plan
+            plan.stages = pipeline_stages(t.program, plan.mesh.pp).stages
+        if as_json:
+            emit_json(plan.to_dict() if plan is not None else {})
+        elif plan is not None:
+            console.print(plan)
         return
-    shards = shard(t.program, world_size, plan=plan, sequence_parallel=sequence_parallel, fuse=fuse)
+    shards = shard(t.program, plan=plan, mesh=None if plan is not None else mesh,
+                   sequence_parallel=sequence_parallel, fuse=fuse)  # fmt: skip
+    if print_plan and not as_json:
+        console.print(shards.plan)
     out_dir.mkdir(exist_ok=True)
     shards.plan.save(out_dir / "plan.json")
     try:
@@ -77,4 +117,18 @@ def shard_cmd(target, world_size, output, plan_file, print_plan, sequence_parall
         emit_json(json.loads(manifest.read_text()))
         return
     console.print(shards)
-    console.print(f"wrote {world_size} programs, plan.json and {manifest.name} to {out_dir}")
+    n = shards.world_size
+    if fuse:
+        fused = _fused(shards)
+        if fused:  # when none, the shards' notes above say why
+            console.print(f"--fuse: {fused} all-reduce + add + RMSNorm site{'s' if fused != 1 else ''} "
+                          "fused", style="dim", markup=False, highlight=False)  # fmt: skip
+    console.print(
+        f"wrote {n} program{'s' if n != 1 else ''}, plan.json and {manifest.name} to {out_dir}"
+    )
+
+
+def _fused(shards) -> int:
+    """How many all-reduce + add + RMSNorm sites rank 0 fused."""
+    report = shards.reports[0] if shards.reports else None
+    return int(report.stats().get("fuse_allreduce_add_rmsnorm.rewrites", 0)) if report else 0

@@ -27,9 +27,8 @@ from ..core.contract import Pass
 from ..core.contract import PassResult as _FxpassPassResult
 from ..core.errors import PassFailedError
 from ..core.order import topological_order
-from ..core.pipeline import Fixpoint
 from ..core.snapshot import fingerprint, same_fingerprint
-from ._policy import PASS_MANAGER
+from ._policy import manager_rounds, pass_manager_error, pass_name
 
 __all__ = [
     "PassBase",
@@ -150,16 +149,12 @@ def this_before_that_pass_constraint(
     return depends_on
 
 
-def _torch_name(fn: Any) -> str:
-    return fn.__name__ if inspect.isfunction(fn) else type(fn).__name__
-
-
 class _ManagedPass(Pass):
     """One of a PassManager's passes: called as torch calls it, its result checked as torch does."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.name = _torch_name(fn)
+        self.name = pass_name(fn)
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         res = self.fn(gm)
@@ -169,22 +164,6 @@ class _ManagedPass(Pass):
                 + "Please wrap it with pass_result_wrapper()"
             )
         return res
-
-
-class _Steps(Fixpoint):
-    """The PassManager's rounds: at most ``steps``, stopping at the first unchanged round."""
-
-    def __init__(self, manager: PassManager) -> None:
-        super().__init__(
-            [_ManagedPass(p) for p in manager.passes],
-            max_iterations=manager.steps,
-            name="PassManager",
-            lint=False,
-            run_checks_after_each_pass=manager.run_checks_after_each_pass,
-            suppress_check_failures=manager.suppress_check_failures,
-            checks=[manager.check],
-            policy=PASS_MANAGER,
-        )
 
 
 class PassManager:
@@ -262,19 +241,14 @@ class PassManager:
         self.check(module)
         if not isinstance(module, fx.GraphModule):
             return self._call_plain(module)
-        steps = _Steps(self)
+        rounds = manager_rounds(
+            self, [_ManagedPass(p) for p in self.passes], self.check, "PassManager"
+        )
         try:
-            result = steps.run(module)
+            result = rounds.run(module)
         except PassFailedError as e:
-            failing = next(
-                (i for i, p in enumerate(self.passes) if _torch_name(p) == e.pass_name), 0
-            )
-            prev_pass_names = [_torch_name(p) for p in self.passes[:failing]]
-            msg = (
-                f"An error occurred when running the '{e.pass_name}' pass after the "
-                f"following passes: {prev_pass_names}"
-            )
-            raise Exception(msg) from e.cause
+            names = [pass_name(p) for p in self.passes]
+            raise pass_manager_error(names, e.pass_name) from e.cause
         self.report = result.report
         self.suppressed = list(result.report.suppressed)
         return PassResult(result.graph_module, result.modified, result.stats, result.report)
@@ -292,12 +266,8 @@ class PassManager:
                     if self.run_checks_after_each_pass:
                         self.check(module)
                 except Exception as e:
-                    prev = [_torch_name(p) for p in self.passes[:i]]
-                    msg = (
-                        f"An error occurred when running the '{_torch_name(fn)}' pass after "
-                        f"the following passes: {prev}"
-                    )
-                    raise Exception(msg) from e
+                    names = [pass_name(p) for p in self.passes]
+                    raise pass_manager_error(names, i) from e
             overall_modified = overall_modified or modified
             if not modified:
                 break

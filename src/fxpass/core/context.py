@@ -1,10 +1,12 @@
-"""What a running pass can reach: sample inputs, statistics, listeners and debug counters.
+"""What a running pass can reach: sample inputs, statistics, the editor, the analyses,
+listeners and debug counters.
 
 A pipeline run installs one :class:`PassContext` (a context variable), so code deep inside a
-pass — the rewrite engine, a helper — can report statistics with :func:`stat`, tell the
-instrumentation about each change with :meth:`PassContext.notify`, and ask
-:meth:`PassContext.allow` before each rewrite so bisection can stop after the k-th one
-(MLIR's debug counters).
+pass — the rewrite engine, a helper — can report statistics with :func:`stat`, edit the graph
+through :attr:`PassContext.editor` (which asks :meth:`PassContext.allow` before each change,
+so bisection can stop after the k-th one — MLIR's debug counters — and tells
+:meth:`PassContext.notify` after it), and ask :attr:`PassContext.analyses` for facts about
+the graph that survive the passes that preserve them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..edit.editor import ChangeEvent, Editor, listening
+from .analysis_manager import AnalysisManager, managing
+
 if TYPE_CHECKING:
     from .instrument import Instrumentation
     from .report import PassRecord
@@ -24,28 +29,12 @@ __all__ = [
     "DebugCounter",
     "PassContext",
     "current_context",
+    "detached",
     "scoped",
     "stat",
 ]
 
 T = TypeVar("T")
-
-
-@dataclass
-class ChangeEvent:
-    """One change to the graph made through the rewriter (or reported by a pass).
-
-    ``kind`` is ``"replace"``, ``"insert"``, ``"erase"`` or ``"modify"``; ``rule`` names the
-    rule or pass that made it; ``old`` and ``new`` are the nodes involved; ``index`` is the
-    1-based number of this action in the run (what a :class:`DebugCounter` counts).
-    """
-
-    kind: str
-    rule: str
-    old: Sequence[Any] = ()
-    new: Sequence[Any] = ()
-    index: int = 0
-    location: str = ""
 
 
 @dataclass
@@ -94,8 +83,9 @@ class PassContext:
     ``sample_inputs`` (for lowering passes), the ``instruments`` attached, the
     ``debug_counter``, ``actions`` asked about so far, ``pass_path`` (names of the passes
     now running, outermost first), ``enabled(name)`` (whether a pass may run: the
-    registry's ``enable``/``disable`` unless the run was given another), and — for hooks —
-    ``changed`` and ``error``. What the run keeps for itself is private.
+    registry's ``enable``/``disable`` unless the run was given another), the
+    :attr:`editor` every change goes through, the :attr:`analyses` of the run's graphs,
+    and — for hooks — ``changed`` and ``error``. What the run keeps for itself is private.
     """
 
     sample_inputs: Sequence[Any] | None = None
@@ -109,8 +99,26 @@ class PassContext:
     #: graph. ``record.modified`` is whether any of its runs did (it accumulates over a
     #: fixpoint's rounds), so hooks that act on a change read this instead.
     changed: bool = False
+    #: The analyses of the run's graphs (see :mod:`fxpass.core.analysis_manager`): computed on
+    #: demand, cached per graph, dropped on a change unless the running pass preserves them.
+    analyses: AnalysisManager = field(default_factory=AnalysisManager, repr=False)
     #: the run's own bookkeeping (the pipeline's, not the passes')
     _run: _RunState = field(default_factory=_RunState, repr=False, init=False)
+    _editor: Editor | None = field(default=None, repr=False, init=False)
+
+    @property
+    def editor(self) -> Editor:
+        """The editor of this run: every change a pass makes goes through it (it asks the
+        debug counter, tells the instrumentation and the analyses, and records provenance
+        naming the pass running when the edit is made).
+
+        >>> ctx = fp.current_context()                                  # doctest: +SKIP
+        >>> ctx.editor.replace_all_uses(node, node.args[0], "drop_clone")  # doctest: +SKIP
+        """
+        editor = self._editor
+        if editor is None:
+            editor = self._editor = Editor(self)
+        return editor
 
     @property
     def record(self) -> PassRecord | None:
@@ -131,9 +139,11 @@ class PassContext:
         return self.debug_counter is None or self.debug_counter.allow()
 
     def notify(self, event: ChangeEvent) -> None:
-        """Tell every instrumentation about a change."""
+        """Tell the analyses (they drop what the change made stale) and every
+        instrumentation about a change."""
         if not event.index:
             event.index = self.actions
+        self.analyses.on_change(event)
         for inst in self.instruments:
             inst.on_change(event, self)
 
@@ -158,8 +168,19 @@ def scoped(var: contextvars.ContextVar[T], value: T) -> Iterator[T]:
         var.reset(token)
 
 
-def _activate(ctx: PassContext) -> contextlib.AbstractContextManager[PassContext]:
-    return scoped(_CURRENT, ctx)
+@contextlib.contextmanager
+def _activate(ctx: PassContext) -> Iterator[PassContext]:
+    """Make ``ctx`` the current context, the listener of editors and the manager analyses
+    are asked through, for the block."""
+    with scoped(_CURRENT, ctx), listening(ctx), managing(ctx.analyses):
+        yield ctx
+
+
+def detached() -> contextlib.AbstractContextManager[None]:
+    """Leave the pipeline run in progress for the ``with`` block: a pipeline run inside it is
+    a run of its own (its own rollback, checks and report), not a part of the outer one.
+    For code that, from inside a pass, transforms an unrelated graph with a pipeline."""
+    return scoped(_CURRENT, None)
 
 
 def stat(name: str, value: float = 1) -> None:

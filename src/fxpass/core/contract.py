@@ -25,7 +25,45 @@ from typing import Any
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
 
-__all__ = ["FunctionPass", "Hooks", "ObjectPass", "Pass", "PassResult", "as_pass", "hooks"]
+__all__ = [
+    "METADATA",
+    "FunctionPass",
+    "Hooks",
+    "ObjectPass",
+    "Pass",
+    "PassResult",
+    "as_pass",
+    "hooks",
+    "metadata_keys",
+]
+
+#: The node metadata a pass can promise to keep valid (its ``keeps`` declaration), checked
+#: after each pass by ``fxpass.verify.keeps_metadata``:
+#:
+#: * ``val``: nodes keep ``meta['val']``; new and rewired nodes have one that matches what
+#:   their op gives on their inputs' values (shape and dtype);
+#: * ``layouts``: ... and the strides too, and the users of new nodes still fit them;
+#: * ``stack_trace``, ``nn_module_stack``: nodes keep them; new nodes carry them when the
+#:   nodes they were made from did;
+#: * ``provenance``: new nodes carry torch's ``meta['from_node']``, nodes keep theirs;
+#: * ``stream``: in a graph with stream assignments, nodes keep ``meta['stream']`` and new
+#:   compute nodes get one.
+METADATA = ("val", "layouts", "stack_trace", "nn_module_stack", "provenance", "stream")
+
+
+def metadata_keys(keys: Any, who: str = "a pass") -> frozenset[str]:
+    """``keys`` (names from :data:`METADATA`, or ``"all"``) as a set; an unknown name is an
+    error naming ``who``."""
+    if isinstance(keys, str):
+        keys = METADATA if keys == "all" else (keys,)
+    out = frozenset(keys)
+    unknown = sorted(out - set(METADATA))
+    if unknown:
+        raise ValueError(
+            f"{who} declares it keeps unknown metadata {', '.join(map(repr, unknown))}; "
+            f"keeps= takes names from {', '.join(METADATA)} (or 'all')"
+        )
+    return out
 
 
 class PassResult(_TorchPassResult):
@@ -64,13 +102,16 @@ class Hooks:
     * ``parse(spec, registry)`` builds a pipeline from spec text (installed by
       :mod:`fxpass.core.spec`; ``Pipeline.parse`` calls it);
     * ``enabled(name)`` says whether a pass may run; a run copies it into its context
-      (installed by :mod:`fxpass.core.registry`: its ``enable``/``disable``).
+      (installed by :mod:`fxpass.core.registry`: its ``enable``/``disable``);
+    * ``requirements(pipeline)`` raises when a pass needs another before or after it that
+      the pipeline does not run there (installed by :mod:`fxpass.core.requirements`).
     """
 
     run_alone: Callable[..., PassResult] | None = None
     by_name: Callable[[str], Pass] | None = None
     parse: Callable[[str, Any], Any] | None = None
     enabled: Callable[[str], bool] = lambda name: True
+    requirements: Callable[[Any], None] = lambda pipeline: None
 
 
 #: The one set of hooks (see :class:`Hooks`).
@@ -98,6 +139,10 @@ class Pass:
     on: once it has changed the graph, the pipeline runs them after it and after every later
     pass of the same run, like lint (a pass that schedules streams installs the stream
     checker, so a later pass that breaks the schedule fails and rolls back).
+
+    ``preserves`` names the analyses (see :mod:`fxpass.core.analysis_manager`) whose cached values
+    are still right after the pass changed the graph; ``keeps`` the node metadata (from
+    :data:`METADATA`) the pass keeps valid, which ``fxpass.verify.keeps_metadata`` checks.
     """
 
     name: str = ""
@@ -107,11 +152,15 @@ class Pass:
     needs_code: bool = False
     statistics: Mapping[str, str] = {}
     invariants: Sequence[Callable[[fx.GraphModule], Any]] = ()
+    preserves: Sequence[Any] = ()
+    keeps: frozenset[str] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not cls.__dict__.get("name"):
             cls.name = _snake(cls.__name__)
+        if "keeps" in cls.__dict__:
+            cls.keeps = metadata_keys(cls.keeps, f"pass class {cls.__name__}")
 
     @property
     def spec(self) -> str:
@@ -203,6 +252,8 @@ class FunctionPass(Pass):
             self.written_as = path
         self.statistics = dict(getattr(fn, "statistics", {}))
         self.invariants = tuple(getattr(fn, "invariants", ()))
+        self.preserves = tuple(getattr(fn, "preserves", ()))
+        self.keeps = metadata_keys(getattr(fn, "keeps", ()), f"pass '{self.name}'")
 
     def call(self, gm: fx.GraphModule):
         raise RuntimeError("FunctionPass runs through execute()")  # pragma: no cover
@@ -227,6 +278,8 @@ class ObjectPass(Pass):
         self.needs_code = bool(getattr(obj, "needs_code", False))
         self.statistics = dict(getattr(obj, "statistics", {}))
         self.invariants = tuple(getattr(obj, "invariants", ()))
+        self.preserves = tuple(getattr(obj, "preserves", ()))
+        self.keeps = metadata_keys(getattr(obj, "keeps", ()), f"pass '{self.name}'")
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         obj = self.obj

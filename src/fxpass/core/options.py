@@ -251,14 +251,14 @@ def _type_hints(fn: Callable) -> dict[str, Any]:
     """Annotations resolved to types; an annotation that cannot be resolved stays ``Any``."""
     try:
         return typing.get_type_hints(fn, include_extras=True)
-    except Exception:
+    except Exception:  # broad: one annotation it cannot resolve: resolve them one by one below
         pass
     namespace = {**vars(__import__("builtins")), **getattr(fn, "__globals__", {})}
     out = {}
     for name, ann in getattr(fn, "__annotations__", {}).items():
         try:
             out[name] = eval(ann, namespace) if isinstance(ann, str) else ann
-        except Exception:
+        except Exception:  # broad: as documented, an annotation that cannot be resolved is Any
             out[name] = Any
     return out
 

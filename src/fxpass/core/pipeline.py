@@ -15,8 +15,14 @@ What a run guarantees:
 * **Checks.** After each pass that changed the graph: ``graph.lint()`` and the checks added
   with :meth:`Pipeline.add_checks` (a check raises or returns False). Checks added to a
   pipeline also run after the passes of pipelines nested in it, and the ``invariants`` a
-  pass declares run after it and every later pass once it has changed the graph. With
+  pass declares run after it and every later pass once it has changed the graph. A check
+  with a ``before_pass(gm, pass)`` method also sees each pass's input: the pipeline calls
+  it before every pass and ``after_pass(gm, pass, state, changed)`` after (how
+  ``fxpass.verify.keeps_metadata`` checks what a pass declares it keeps). With
   ``suppress_check_failures=True`` a failure is recorded in the report and warned about.
+* **Analyses.** Each run has an :class:`~fxpass.core.analysis_manager.AnalysisManager`
+  (``ctx.analyses``): a pass that changed the graph drops the cached analyses it does not
+  preserve; with ``verify_analyses`` the ones it preserves are computed again and compared.
 * **Nothing lost.** If a pass raises or a check fails, the GraphModule given to the run is put
   back exactly as it was (same Node objects, same code) and a
   :class:`~fxpass.PassFailedError` names the failing pass and the passes that ran before it.
@@ -32,16 +38,17 @@ import contextlib
 import contextvars
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from torch import fx
 
+from ..fxutil.messages import first_line
+from .checks import Check, after_leaf, run_checks, watch
 from .context import DebugCounter, PassContext, _activate, current_context, scoped
 from .contract import Pass, PassResult, as_pass, hooks
 from .errors import (
-    CheckFailedError,
     ConstraintCycleError,
     NonConvergenceError,
     PassFailedError,
@@ -49,13 +56,12 @@ from .errors import (
 from .instrument import Instrumentation
 from .options import Option, Range
 from .order import topological_order
+from .ranges import range_skip
 from .recompile import DeferredRecompile
 from .report import PassRecord, Report
 from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
 
 __all__ = ["Fixpoint", "Pipeline", "RunPolicy", "fixpoint", "instrumented"]
-
-Check = Callable[[fx.GraphModule], Any]
 
 _GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = contextvars.ContextVar(
     "fxpass_instruments", default=()
@@ -108,9 +114,14 @@ class Pipeline(Pass):
         suppress_check_failures: record and warn instead of raising when a check fails.
         instrument: instrumentation attached to every run of this pipeline.
         policy: how checks and the round limit apply (see :class:`RunPolicy`).
+        verify_analyses: after each pass that changed the graph, compute the analyses it
+            declares preserved again and fail when they differ (default: the
+            ``FXPASS_VERIFY_ANALYSES`` environment variable).
     """
 
     name = "pipeline"
+    #: a pass called on its own (``pass(gm)``): what it needs may have run earlier
+    _alone = False
 
     def __init__(
         self,
@@ -124,9 +135,16 @@ class Pipeline(Pass):
         suppress_check_failures: bool = False,
         instrument: Iterable[Instrumentation] = (),
         policy: RunPolicy = _DEFAULT_POLICY,
+        verify_analyses: bool | None = None,
     ) -> None:
+        if isinstance(passes, str):  # iterating it would look up a pass per character
+            raise TypeError(
+                f"Pipeline({passes!r}) takes a list of passes; for a textual spec use "
+                f"Pipeline.parse({passes!r})"
+            )
         self._passes: list[Pass] = [as_pass(p) for p in passes]
         self.policy = policy
+        self.verify_analyses = verify_analyses
         if name:
             self.name = name
         self._constraints: list[Any] = []
@@ -210,11 +228,13 @@ class Pipeline(Pass):
 
     # ----- text -------------------------------------------------------------------------
     @classmethod
-    def parse(cls, spec: str, registry: Any = None) -> Pipeline:
-        """Build a pipeline from text, e.g. ``"remove_assert_ops,fixpoint(cse,dce)"``."""
+    def parse(cls, spec: str, registry: Any = None, *, insert_required: bool = False) -> Pipeline:
+        """Build a pipeline from text, e.g. ``"remove_assert_ops,fixpoint(cse,dce)"``;
+        ``insert_required`` inserts the passes the spec's passes need but it lacks (see
+        :mod:`fxpass.core.requirements`)."""
         if hooks.parse is None:  # pragma: no cover - fxpass.core imports the spec reader
             raise RuntimeError("import fxpass before parsing a pipeline spec")
-        return hooks.parse(spec, registry)
+        return hooks.parse(spec, registry, insert_required=insert_required)
 
     @property
     def body_spec(self) -> str:
@@ -269,6 +289,8 @@ class Pipeline(Pass):
         if outer is not None:  # called from inside a pass of another run: join it
             new_gm, modified = self._run_nested(gm, outer, None)
             return PassResult(new_gm, modified)
+        if not self._alone:
+            hooks.requirements(self)  # passes that need others before or after them
         instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
         ctx = PassContext(
             sample_inputs=sample_inputs,
@@ -276,6 +298,8 @@ class Pipeline(Pass):
             debug_counter=debug_counter,
             enabled=hooks.enabled,
         )
+        if self.verify_analyses is not None:
+            ctx.analyses.verify = self.verify_analyses
         state = ctx._run
         state.recompiler = DeferredRecompile()
         root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
@@ -289,7 +313,7 @@ class Pipeline(Pass):
                 for inst in instruments:
                     inst.before_pipeline(self, gm, ctx)
                 if self.policy.check_input:
-                    _run_checks([self], gm, ctx, "(input)")
+                    run_checks([self], gm, ctx, "(input)")
                 new_gm, modified = self._run_nested(gm, ctx, root)
         except PassFailedError as err:
             state.recompiler.finish(recompile=False)
@@ -297,7 +321,7 @@ class Pipeline(Pass):
             root.seconds = time.perf_counter() - t0
             root.status = "failed"
             root.nodes_after = len(gm.graph.nodes)
-            report.error = str(err).split("\n", 1)[0]
+            report.error = first_line(err)
             if edited:
                 err.args = (
                     f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
@@ -449,18 +473,23 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
         record = PassRecord(name=p.name, spec=p.spec, nodes_before=len(gm.graph.nodes))
         if parent is not None:
             parent.children.append(record)
-    if not ctx.enabled(p.name):
+    skipped = "disabled in the registry" if not ctx.enabled(p.name) else range_skip(p)
+    if skipped is not None:
         record.status = "skipped"
-        record.notes = ["disabled in the registry"]
+        record.notes = [skipped]
+        record.nodes_after = record.nodes_before
         return (gm, False, record) if keep else (gm, False)
     state = ctx._run
+    leaf = not isinstance(p, Pipeline)
     before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
+    watched = watch(p, gm, ctx) if leaf else ()
     state.records.append(record)
     ctx.pass_path.append(p.name)
     for inst in ctx.instruments:
         inst.before_pass(record, gm, ctx)
     if p.needs_code:
         state.recompiler.ensure_code(gm)
+    frame = ctx.analyses.enter(p.name, p.preserves, record)
     t0 = time.perf_counter()
     try:
         ret = p.execute(gm, ctx)
@@ -468,7 +497,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
     except PassFailedError as e:
         record.seconds += time.perf_counter() - t0
         record.status = "failed"
-        record.error = record.error or str(e).split("\n", 1)[0]
+        record.error = record.error or first_line(e)
         raise
     except Exception as e:
         record.seconds += time.perf_counter() - t0
@@ -480,6 +509,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
     finally:
         state.records.pop()
         ctx.pass_path.pop()
+        ctx.analyses.leave(frame, gm, gm, False, leaf=leaf)  # a failed run drops the lot
     record.seconds += time.perf_counter() - t0
     record.runs += 1
     if new_gm is not gm:
@@ -495,6 +525,7 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
             if note not in record.notes:
                 record.notes.append(note)
     state.fp = (new_gm, after)
+    ctx.analyses.leave(frame, gm, new_gm, changed, leaf=leaf)
     ctx.changed = changed
     record.modified |= changed
     record.nodes_after = len(new_gm.graph.nodes)
@@ -503,50 +534,9 @@ def _run_pass(p: Pass, gm, ctx, parent: PassRecord | None, record=None, keep=Fal
     if changed:
         state.recompiler.mark_stale(new_gm)
         state.invariants.extend(c for c in p.invariants if c not in state.invariants)
-    if not isinstance(p, Pipeline):
-        _after_leaf(p, new_gm, ctx, record, changed)
+    if leaf:
+        after_leaf(p, new_gm, ctx, record, changed, watched, frame)
     return (new_gm, changed, record) if keep else (new_gm, changed)
-
-
-def _after_leaf(p: Pass, gm: fx.GraphModule, ctx: PassContext, record: PassRecord, changed):
-    """After a pass that is not a pipeline: the checks that apply, then count it as ran."""
-    state = ctx._run
-    pipelines = state.checks if changed else [c for c in state.checks if c.policy.check_unchanged]
-    if pipelines:
-        try:
-            _run_checks(pipelines, gm, ctx, p.name)
-        except CheckFailedError as e:
-            record.status = "failed"
-            record.error = str(e).split("\n", 1)[0]
-            for inst in ctx.instruments:
-                inst.on_failure(record, gm, e, ctx)
-            raise
-    state.ran.append(p.name)
-
-
-def _run_checks(pipelines: Sequence[Pipeline], gm: fx.GraphModule, ctx: Any, after: str) -> None:
-    """Run the lint and user checks of ``pipelines`` on ``gm`` (after pass ``after``), and
-    the invariants passes installed (under the innermost pipeline that runs checks)."""
-    state = ctx._run
-    active = [pipe for pipe in pipelines if pipe.run_checks_after_each_pass]
-    for i, pipe in enumerate(active):
-        checks: list[tuple[str, Check]] = []
-        if pipe.lint:
-            checks.append(("lint", lambda g: g.graph.lint()))
-        checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
-        if i == len(active) - 1:
-            checks.extend((getattr(c, "__name__", repr(c)), c) for c in state.invariants)
-        for check_name, check in checks:
-            try:
-                if check(gm) is False:
-                    raise AssertionError("the check returned False")
-            except Exception as e:
-                if not pipe.suppress_check_failures:
-                    raise CheckFailedError(after, check_name, state.ran, e) from e
-                where = "on the input" if after == "(input)" else f"after pass '{after}'"
-                msg = f"check '{check_name}' failed {where}: {type(e).__name__}: {e}"
-                state.suppressed.append(msg)
-                warnings.warn(f"fxpass: suppressed {msg}", stacklevel=2)
 
 
 def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
@@ -568,7 +558,9 @@ def _find_cycle(succ: list[set[int]], left: set[int]) -> list[int]:
 
 def _run_alone(p: Pass, gm: fx.GraphModule, sample_inputs: Sequence[Any] | None = None, **kw):
     """``p(gm)``: the pass as a one-pass pipeline (honest "modified", rollback, one recompile)."""
-    return Pipeline([p], name=p.name).run(gm, sample_inputs, **kw)
+    pipe = Pipeline([p], name=p.name)
+    pipe._alone = True
+    return pipe.run(gm, sample_inputs, **kw)
 
 
 hooks.run_alone = _run_alone

@@ -30,11 +30,13 @@ from typing import Any
 
 from torch import fx
 
-from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks
+from .analysis_manager import preserved_names
+from .contract import FunctionPass, Pass, PassResult, _is_lowering, hooks, metadata_keys
 from .errors import OptionError, UnknownPassError
 from .imports import resolve_import
 from .options import Option, _Mismatch, bind_options, format_value, options_of, unknown_option
 from .pipeline import Fixpoint, Pipeline
+from .ranges import to_ranges
 
 __all__ = ["REGISTRY", "PassInfo", "PassList", "Registry", "resolve_import"]
 
@@ -193,6 +195,19 @@ class PassList:
         return self.dump()
 
 
+def _declarations(applies_to: Any, needs: Sequence[str], followed_by: Sequence[str]) -> dict:
+    """What ``register`` sets on a pass besides its name, checked now (a bad value is an
+    error where the pass is registered, not where it first runs)."""
+    for what, names in (("needs", needs), ("followed_by", followed_by)):
+        if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+            raise TypeError(f"{what} is a list of registered pass names, not {names!r}")
+    return {
+        "applies_to": to_ranges(applies_to) if applies_to is not None else None,
+        "needs": tuple(needs),
+        "followed_by": tuple(followed_by),
+    }
+
+
 class Registry:
     """Names -> pass factories. :data:`REGISTRY` is the one fxpass uses."""
 
@@ -215,6 +230,11 @@ class Registry:
         replace: bool = False,
         origin: str = "user",
         statistics: Mapping[str, str] | None = None,
+        applies_to: Mapping[str, Any] | str | None = None,
+        needs: Sequence[str] = (),
+        followed_by: Sequence[str] = (),
+        preserves: Sequence[Any] | None = None,
+        keeps: Sequence[str] | str | None = None,
     ) -> Any:
         """Register a pass function, :class:`Pass` subclass or object, or pipeline factory.
 
@@ -223,9 +243,15 @@ class Registry:
         under its own name and returns it. With ``index`` or ``pass_list`` the pass is also
         inserted into that pass list (``default`` when only ``index`` is given). Options
         come from the signature (see :mod:`fxpass.core.options`); ``statistics`` declares
-        what the pass counts (name -> description; it becomes the pass's ``statistics``).
+        what the pass counts (name -> description; it becomes the pass's ``statistics``);
+        ``applies_to`` limits the pass to ranges of symbolic sizes (see
+        :mod:`fxpass.core.ranges`); ``needs`` and ``followed_by`` name passes that must run
+        before and after it (see :mod:`fxpass.core.requirements`); ``preserves`` the analyses
+        it keeps valid (see :mod:`fxpass.core.analysis_manager`); ``keeps`` the node metadata
+        it keeps valid (see :data:`fxpass.core.contract.METADATA`).
         Registering a taken name is an error unless ``replace``.
         """
+        declared = _declarations(applies_to, needs, followed_by)
         if callable(name) and not isinstance(name, str):
             return self.register(
                 None,
@@ -234,11 +260,23 @@ class Registry:
                 replace=replace,
                 origin=origin,
                 statistics=statistics,
+                **declared,
+                preserves=preserves,
+                keeps=keeps,
             )(name)
 
         def decorate(obj: Any) -> Any:
             if statistics is not None:
                 obj.statistics = dict(statistics)
+            for attr, value in declared.items():
+                if value:
+                    setattr(obj, attr, value)
+            if preserves is not None:
+                preserved_names(preserves)  # a clear error now, not when the pass runs
+                obj.preserves = tuple(preserves)
+            if keeps is not None:
+                who = f"pass '{name or getattr(obj, 'name', None) or obj.__name__}'"
+                obj.keeps = metadata_keys(keeps, who)
             info = self._info_for(obj, name, takes_pipeline, origin)
             if info.name in self._infos and not replace:
                 raise ValueError(
@@ -412,15 +450,33 @@ def register(
     pass_list: str | None = None,
     replace: bool = False,
     statistics: Mapping[str, str] | None = None,
+    applies_to: Mapping[str, Any] | str | None = None,
+    needs: Sequence[str] = (),
+    followed_by: Sequence[str] = (),
+    preserves: Sequence[Any] | None = None,
+    keeps: Sequence[str] | str | None = None,
 ) -> Any:
     """Register a pass in fxpass's registry (see :meth:`Registry.register`).
 
     ``@register("name", statistics={"merged": "nodes merged"})`` declares what the pass
     counts with :func:`fxpass.stat`; ``register(rule_set)`` registers a pass object (a
-    :class:`~fxpass.RuleSet`, a ``Pipeline``) under its own name.
+    :class:`~fxpass.RuleSet`, a ``Pipeline``) under its own name. ``applies_to={"tokens":
+    (1, 512)}`` limits it to a range of a symbolic size; ``needs=["remove_assert_ops"]`` and
+    ``followed_by=["dce"]`` are passes that must run before and after it;
+    ``preserves=[positions]`` the analyses it keeps valid; ``keeps=("val", "stack_trace")``
+    the node metadata it keeps valid.
     """
     return REGISTRY.register(
-        name, index=index, pass_list=pass_list, replace=replace, statistics=statistics
+        name,
+        index=index,
+        pass_list=pass_list,
+        replace=replace,
+        statistics=statistics,
+        applies_to=applies_to,
+        needs=needs,
+        followed_by=followed_by,
+        preserves=preserves,
+        keeps=keeps,
     )
 
 
@@ -430,8 +486,16 @@ def _builtin(
     index: int | None = None,
     pass_list: str | None = None,
     statistics: Mapping[str, str] | None = None,
+    preserves: Sequence[Any] | None = None,
+    keeps: Sequence[str] | str | None = None,
 ):
     """Register one of fxpass's own passes (as :func:`register`)."""
     return REGISTRY.register(
-        name, index=index, pass_list=pass_list, origin="fxpass", statistics=statistics
+        name,
+        index=index,
+        pass_list=pass_list,
+        origin="fxpass",
+        statistics=statistics,
+        preserves=preserves,
+        keeps=keeps,
     )

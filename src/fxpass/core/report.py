@@ -2,7 +2,8 @@
 
 Every run returns a :class:`Report` (``result.report``): the passes that ran, how long each
 took (nested pipelines and fixpoints as subtrees), whether each changed the graph, how many
-nodes it added or removed, the statistics it declared, and any suppressed check failures.
+nodes it added or removed, the statistics it declared, the analyses it computed or was
+served from the cache, and any suppressed check failures.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ class PassRecord:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     #: What the run suggests looking at: e.g. a rule that tried many nodes, matched few
-    #: and came close somewhere (its near misses, and how to explain them)
-    hints: list[str] = field(default_factory=list)
+    #: and came close somewhere (its near misses, and how to explain them). A hint is read
+    #: with ``str()``: it may say less, or nothing, once later passes fused its sites.
+    hints: list[Any] = field(default_factory=list)
+    #: Analyses the pass asked for: name -> [computed, served from the cache]
+    analyses: dict[str, list[int]] = field(default_factory=dict)
 
     def walk(self, depth: int = 0) -> Iterator[tuple[int, PassRecord]]:
         """This record and every record below it, with its depth."""
@@ -59,7 +63,8 @@ class PassRecord:
             "stats": dict(self.stats),
             "notes": list(self.notes),
             "error": self.error,
-            "hints": list(self.hints),
+            "hints": [str(h) for h in self.hints if str(h)],
+            "analyses": {k: list(v) for k, v in self.analyses.items()},
             "children": [c.to_dict() for c in self.children],
         }
 
@@ -77,6 +82,13 @@ class Report:
     root: PassRecord
     suppressed: list[str] = field(default_factory=list)
     error: str | None = None
+    #: where the run happened, set by the target: the pipeline's name, the hook, the graph
+    #: (forward, backward, ...) and the compile range
+    where: dict[str, str] = field(default_factory=dict)
+    #: empty when the passes ran; else what gave the result without running them (an
+    #: fxpass pipeline cache, Inductor's cache) — the records are those of the run that
+    #: filled it
+    cached: str = ""
 
     @property
     def spec(self) -> str:
@@ -114,6 +126,17 @@ class Report:
                 out[name] = out.get(name, 0) + value
         return out
 
+    def analysis_counts(self) -> dict[str, dict[str, list[int]]]:
+        """Per pass (summed over repeated runs): analysis -> [computed, served from the
+        cache]. Passes that asked for none are left out."""
+        out: dict[str, dict[str, list[int]]] = {}
+        for rec in self.passes:
+            for name, (computed, cached) in rec.analyses.items():
+                counts = out.setdefault(rec.name, {}).setdefault(name, [0, 0])
+                counts[0] += computed
+                counts[1] += cached
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "spec": self.spec,
@@ -121,6 +144,8 @@ class Report:
             "modified": self.modified,
             "error": self.error,
             "suppressed": list(self.suppressed),
+            "where": dict(self.where),
+            "cached": self.cached,
             "root": self.root.to_dict(),
         }
 
@@ -133,6 +158,8 @@ class Report:
             root=PassRecord.from_dict(data["root"]),
             suppressed=list(data.get("suppressed", ())),
             error=data.get("error"),
+            where=dict(data.get("where", {})),
+            cached=data.get("cached", ""),
         )
 
     def table(self) -> Table:
@@ -170,12 +197,27 @@ class Report:
         return table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield Text(f"pipeline: {self.spec or self.root.name}", style="bold")
+        head = Text(f"pipeline: {self.spec or self.root.name}", style="bold")
+        if self.where:
+            head.append("  " + " ".join(f"{k}={v}" for k, v in self.where.items()), style="dim")
+        yield head
+        if self.cached:
+            yield Text(
+                f"cached: the passes did not run; the result came from {self.cached} "
+                "(the records below are from the run that filled it)",
+                style="cyan",
+            )
         yield self.table()
+        for _, rec in self.root.walk():
+            if rec.status == "skipped":
+                for note in rec.notes:
+                    yield Text(f"skipped: {rec.name}: {note}", style="dim")
         for line in self.suppressed:
             yield Text(f"suppressed: {line}", style="yellow")
         for _, rec in self.root.walk():
-            for hint in rec.hints:
+            for note in rec.notes:  # e.g. why a pass found nothing to change
+                yield Text(f"note: {rec.name}: {note}", style="dim")
+            for hint in filter(None, map(str, rec.hints)):  # a hint may be empty when read
                 yield Text(f"hint: {rec.name}: {hint}", style="yellow")
         if self.error:
             yield Text(f"error: {self.error}", style="red")

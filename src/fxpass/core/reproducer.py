@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import os
 import shlex
+import shutil
 import sys
 import time
 import traceback
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..fxutil.messages import first_line
 from .contract import FunctionPass, ObjectPass, Pass, PassResult
 from .errors import FxpassError, SpecError
 from .imports import cwd_on_path, import_modules, resolve_import
@@ -140,7 +142,7 @@ def _object_ref(obj: Any) -> str | None:
         try:
             if resolve_import(ref) is obj:
                 return ref
-        except Exception:
+        except Exception:  # broad: not importable under its own name: look for another below
             pass
     return _global_ref(obj)
 
@@ -198,7 +200,7 @@ class CrashReproducer(Instrumentation):
             target = self.folder / f"{stamp}-{name}-{n}"
         try:
             self._write(target, pipeline, gm, ctx, error)
-        except Exception as e:  # the original failure matters more than the reproducer's
+        except Exception as e:  # broad: reported on the error, which matters more than this one
             error.args = (f"{error.args[0]}\n  (no reproducer written: {type(e).__name__}: {e})",)
             return
         self.written.append(target)
@@ -206,8 +208,18 @@ class CrashReproducer(Instrumentation):
         error.with_reproducer(command)
 
     def _write(self, target: Path, pipeline, gm, ctx, error) -> None:
+        """Fill a hidden folder beside ``target``, then rename it into place: a reproducer
+        appears whole or not at all (the partial folder goes when writing fails)."""
         tmp = target.with_name(f".{target.name}.partial")
         tmp.mkdir(parents=True)
+        try:
+            self._fill(tmp, target, pipeline, gm, ctx, error)
+            tmp.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _fill(self, tmp: Path, target: Path, pipeline, gm, ctx, error) -> None:
         save_graph(gm, tmp / "input.fxgraph", ctx.sample_inputs)
         spec, unnamed = importable_spec(pipeline)
         (tmp / "pipeline.txt").write_text(spec + "\n")
@@ -215,7 +227,7 @@ class CrashReproducer(Instrumentation):
             (tmp / "imports.txt").write_text("\n".join(self.imports) + "\n")
         cause = error.__cause__ or error.cause
         tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-        (tmp / "error.txt").write_text(f"{str(error).splitlines()[0]}\n\n{tb}")
+        (tmp / "error.txt").write_text(f"{first_line(error)}\n\n{tb}")
         warning = (
             f"\nwarning: these passes have no importable name (define them, or the objects "
             f"that hold them, at module level of an importable module): {', '.join(unnamed)}\n"
@@ -224,10 +236,9 @@ class CrashReproducer(Instrumentation):
         )
         (tmp / "README.txt").write_text(
             f"fxpass crash reproducer\n\npass '{error.pass_name}' failed:\n  "
-            f"{str(error).splitlines()[0]}\n\nreproduce with:\n  python -m fxpass repro "
+            f"{first_line(error)}\n\nreproduce with:\n  python -m fxpass repro "
             f"{target}\n{warning}"
         )
-        tmp.rename(target)
 
 
 def load_reproducer(folder: str | os.PathLike):

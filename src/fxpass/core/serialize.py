@@ -21,7 +21,6 @@ import importlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..fxutil.fx import pytree_info, set_pytree_info
+from ..fxutil.files import write_atomic
+from ..fxutil.fx import make_lazy_module, pytree_info, set_pytree_info
 from .errors import FxpassError
 
 __all__ = ["GraphFileError", "load_graph", "save_graph"]
@@ -58,13 +58,15 @@ def _encode_target(target: Any) -> Any:
         return {"hop": target.name()}
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
-    if name and module.split(".")[0] in _SAFE_MODULE_ROOTS:
-        ref = f"{module}:{name}"
-        try:
-            if _resolve_callable(ref) is target:
-                return {"py": ref}
-        except Exception:
-            pass
+    # C functions of torch's namespace (torch.conv2d) give a class as their qualname
+    short = getattr(target, "__name__", None)
+    if module.split(".")[0] in _SAFE_MODULE_ROOTS:
+        for ref in dict.fromkeys(f"{module}:{n}" for n in (name, short) if n):
+            try:
+                if _resolve_callable(ref) is target:
+                    return {"py": ref}
+            except Exception:  # broad: not this name; the error below says what can be saved
+                pass
     raise GraphFileError(
         f"cannot save a call to {target!r}: only torch ops and functions from torch, operator, "
         "math and builtins can be saved; export the model (torch.export) to get an ATen graph"
@@ -178,6 +180,8 @@ def _decode_value(v: Any, nodes: dict[str, fx.Node], tensors: dict[str, torch.Te
 
 
 def _encode_val(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and _symbolic(v):
+        return None  # int() of a symbolic size would add a guard; the reader makes it anew
     if isinstance(v, torch.Tensor):
         return {
             "fake": {
@@ -195,6 +199,10 @@ def _encode_val(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float)):
         return v
     return None
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _decode_val(v: Any, mode: FakeTensorMode) -> Any:
@@ -292,7 +300,7 @@ def _is_buffer(gm: torch.nn.Module, target: str) -> bool:
     return name in owner._buffers
 
 
-def _decode_graph(data: dict, tensors: dict[str, torch.Tensor], mode: FakeTensorMode):
+def _decode_graph(data: dict, tensors: dict[str, torch.Tensor], mode: FakeTensorMode | None):
     root = torch.nn.Module()
     for target, attr in data["attrs"].items():
         if "graph" in attr:
@@ -319,7 +327,7 @@ def _decode_graph(data: dict, tensors: dict[str, torch.Tensor], mode: FakeTensor
         if node.name != entry["name"]:
             raise GraphFileError(f"node name '{entry['name']}' could not be restored")
         node.meta.update(_decode_meta(entry["meta"]))
-        if "val" in entry:
+        if "val" in entry and mode is not None:
             node.meta["val"] = _decode_val(entry["val"], mode)
         nodes[node.name] = node
     if data.get("pytree"):
@@ -331,7 +339,7 @@ def _decode_graph(data: dict, tensors: dict[str, torch.Tensor], mode: FakeTensor
             load(p["in_spec"]) if p["in_spec"] else None,
             load(p["out_spec"]) if p["out_spec"] else None,
         )
-    return fx.GraphModule(root, graph)
+    return make_lazy_module(root, graph)  # its code is made when it first runs
 
 
 def _decode_meta(meta: dict) -> dict:
@@ -385,19 +393,16 @@ def save_graph(
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
-def load_graph(path: str | os.PathLike) -> tuple[fx.GraphModule, list[Any] | None]:
-    """Read an ``.fxgraph`` file: ``(graph_module, sample_inputs or None)``. Runs no code."""
+def load_graph(
+    path: str | os.PathLike, *, values: bool = True
+) -> tuple[fx.GraphModule, list[Any] | None]:
+    """Read an ``.fxgraph`` file: ``(graph_module, sample_inputs or None)``. Runs no code.
+
+    ``values=False`` leaves out the nodes' fake values (``meta['val']``), for a caller that
+    gives them values of its own (a pipeline cache restoring into a traced module)."""
     path = Path(path)
     if not path.is_file():
         raise GraphFileError(f"no such graph file: {path}")
@@ -416,7 +421,7 @@ def load_graph(path: str | os.PathLike) -> tuple[fx.GraphModule, list[Any] | Non
         )
     try:
         tensors = payload["tensors"]
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if values else None
         gm = _decode_graph(json.loads(payload["graph"]), tensors, mode)
         raw_inputs = json.loads(payload["inputs"])
         inputs = _decode_value(raw_inputs, {}, tensors) if raw_inputs is not None else None

@@ -135,5 +135,5 @@ def same_fingerprint(a: Any, b: Any) -> bool:
     """Compare fingerprints; a comparison that cannot decide (tensor arguments) counts as changed."""
     try:
         return bool(a == b)
-    except Exception:
+    except Exception:  # broad: as documented, a comparison that cannot decide means changed
         return False

@@ -33,7 +33,9 @@ from .errors import OptionError, SpecError, UnknownPassError
 from .imports import resolve_import
 from .options import _Mismatch
 from .pipeline import Pipeline
+from .ranges import RangeSyntaxError, parse_ranges
 from .registry import REGISTRY, Registry
+from .requirements import check_requirements, with_required
 
 __all__ = ["Element", "build_pipeline", "by_name", "parse_spec", "resolve_pipeline"]
 
@@ -254,7 +256,42 @@ def _reference(el: Element, spec: str, registry: Any) -> Any:
     return p
 
 
-def _build(el: Element, spec: str, registry: Any) -> Any:
+#: Options every pass takes in a spec, handled by the spec reader, not by the pass.
+RESERVED_OPTIONS = ("applies_to",)
+
+
+def _build(el: Element, spec: str, registry: Any, columns: dict[int, int]) -> Any:
+    ranges = _ranges(el, spec)
+    written = el
+    if ranges is not None:  # the pass itself never sees the reserved option
+        el = Element(
+            el.name,
+            el.column,
+            [o for o in el.options if o.key not in RESERVED_OPTIONS],
+            el.children,
+            el.paren_column,
+        )
+    p = _make(el, spec, registry, columns)
+    if ranges is not None:
+        p = copy.copy(p)  # a registered pass object is shared: limit this entry only
+        p.applies_to = ranges
+        p.written_as = written.text()
+    columns[id(p)] = el.column
+    return p
+
+
+def _ranges(el: Element, spec: str) -> dict | None:
+    opt = next((o for o in el.options if o.key == "applies_to"), None)
+    if opt is None:
+        return None
+    text, start = (opt.value, opt.value_column + 1) if opt.quoted else (opt.text, opt.value_column)
+    try:
+        return parse_ranges(text)
+    except RangeSyntaxError as e:
+        raise SpecError(f"bad applies_to: {e.message}", spec, start + e.offset) from None
+
+
+def _make(el: Element, spec: str, registry: Any, columns: dict[int, int]) -> Any:
     if ":" in el.name:
         info = _reference(el, spec, registry)
         if isinstance(info, Pass):
@@ -276,7 +313,7 @@ def _build(el: Element, spec: str, registry: Any) -> Any:
         values = info.bind({o.key: (o.value, o.quoted) for o in el.options}, written=True)
     except _Mismatch as e:
         raise OptionError(str(e), spec, _column(el, e)) from None
-    children = [_build(c, spec, registry) for c in el.children] if el.children else None
+    children = [_build(c, spec, registry, columns) for c in el.children] if el.children else None
     try:
         return info.make(values, children, spec=el.text())
     except _Mismatch as e:
@@ -297,11 +334,22 @@ def _column(el: Element, e: _Mismatch) -> int:
     return el.column
 
 
-def build_pipeline(spec: str, registry: Registry | None = None) -> Pipeline:
-    """Parse ``spec`` and build the :class:`~fxpass.Pipeline` it describes."""
+def build_pipeline(
+    spec: str, registry: Registry | None = None, *, insert_required: bool = False
+) -> Pipeline:
+    """Parse ``spec`` and build the :class:`~fxpass.Pipeline` it describes.
+
+    A pass whose requirements the spec breaks (see :mod:`fxpass.core.requirements`) is a
+    :class:`~fxpass.core.requirements.RequirementError` at its column; with
+    ``insert_required`` the missing passes are inserted instead."""
     registry = registry or REGISTRY
     elements = parse_spec(spec)
-    return Pipeline([_build(el, spec, registry) for el in elements])
+    columns: dict[int, int] = {}
+    pipe = Pipeline([_build(el, spec, registry, columns) for el in elements])
+    if insert_required:
+        return with_required(pipe)
+    check_requirements(pipe, spec=spec, columns=columns)
+    return pipe
 
 
 def resolve_pipeline(pipeline: Any = None) -> Pipeline:

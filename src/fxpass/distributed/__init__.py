@@ -1,37 +1,53 @@
-"""Tensor parallelism for captured programs: find the parallel structure of a graph, plan,
-shard it into one program per rank running on torch.distributed, and fuse the collectives.
+"""Parallelism for captured programs: find the parallel structure of a graph, plan it over a
+mesh (tensor, expert and pipeline parallelism), and make one program per rank that runs on
+torch.distributed — its collectives fused where they can be.
 
 >>> shards = fxpass.shard(exported_program, world_size=2)        # doctest: +SKIP
 >>> shards.plan                     # every decision, with its reason; editable JSON
 >>> shards[0]                       # rank 0's ExportedProgram (its weights sliced)
 >>> shards.save("out")              # rank0.pt2, rank1.pt2, manifest.json
+>>> fxpass.shard(exported_program, tp=2, ep=2, pp=2)               # doctest: +SKIP
 
-Modules: :mod:`~.layout` (how a tensor is cut), :mod:`~.sites` (where weights are used),
-:mod:`~.rules` and :mod:`~.propagate` (how slices go through ops), :mod:`~.analysis`,
-:mod:`~.plan`, :mod:`~.collectives`, :mod:`~.rewrite` (the ``tensor_parallel`` pass),
-:mod:`~.sequence_parallel` and :mod:`~.fuse_allreduce_add_rmsnorm` (library passes on
-sharded graphs), :mod:`~.sharded` (the entry point). See docs/distributed.md.
+Modules: :mod:`~.mesh` (ranks and groups), :mod:`~.plan` (the plan as data),
+:mod:`~.layout` (how a tensor is cut), :mod:`~.sites` (where weights are used),
+:mod:`~.rules`, :mod:`~.partial` and :mod:`~.propagate` (how slices and partial sums go
+through ops), :mod:`~.analysis` (tensor parallelism), :mod:`~.experts` (mixtures of
+experts), :mod:`~.pipeline` (stages by a cost model), :mod:`~.collectives`, the passes
+:mod:`~.tensor_parallel`, :mod:`~.expert_parallel`, :mod:`~.sequence_parallel` and
+:mod:`~.fuse_allreduce_add_rmsnorm`, and :mod:`~.sharded` (the entry point). See
+docs/distributed.md.
 """
 
 from __future__ import annotations
 
-from . import (  # noqa: F401  (registers tensor_parallel, sequence_parallel and the fusion)
+from . import (  # noqa: F401  (registers the passes)
+    expert_parallel,
     fuse_allreduce_add_rmsnorm,
-    rewrite,
     sequence_parallel,
+    tensor_parallel,
 )
-from .analysis import analyze
-from .plan import Decision, PlanError, ShardError, ShardPlan
-from .sharded import ShardedPrograms, load_rank, shard, weight_bytes
+from .analysis import analyze, choose_mesh
+from .mesh import Mesh
+from .plan import Decision, ExpertBlock, PlanError, ShardError, ShardPlan, Stage
+from .sharded import ShardedPrograms, init_groups, load_rank, load_stage, shard, weight_bytes
+from .stages import PipelineStages, pipeline_stages
 
 __all__ = [
     "Decision",
+    "ExpertBlock",
+    "Mesh",
+    "PipelineStages",
     "PlanError",
     "ShardError",
     "ShardPlan",
     "ShardedPrograms",
+    "Stage",
     "analyze",
+    "choose_mesh",
+    "init_groups",
     "load_rank",
+    "load_stage",
+    "pipeline_stages",
     "shard",
     "weight_bytes",
 ]

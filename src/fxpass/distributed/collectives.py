@@ -10,6 +10,10 @@ creates.
 
 All-gather and reduce-scatter work along dim 0; for another dim the helpers move it to
 the front first (a view when the dims before it have size 1, a copy otherwise).
+
+Every node goes in through :class:`Inserter`, which edits through :class:`fxpass.edit.Editor`:
+the debug counter, the report's change list and provenance (``from_node``: the node a
+collective serves) see each one.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..edit.editor import Editor
+
 __all__ = [
     "C10D",
     "DEFAULT_GROUP",
+    "Inserter",
     "all_gather",
     "all_reduce",
     "is_collective",
@@ -48,73 +55,100 @@ def is_collective(target: Any) -> bool:
     return target in _COLLECTIVES
 
 
-def _call(graph: fx.Graph, op: Any, *args: Any, **kwargs: Any) -> fx.Node:
-    return graph.call_function(op, args, kwargs)
+class Inserter:
+    """Insert nodes one after another right after ``after`` (or right before ``before``),
+    through ``editor``, each standing for ``origin`` (its provenance) under ``rule``.
+
+    >>> put = Inserter(editor, "tensor_parallel", [matmul], after=matmul)  # doctest: +SKIP
+    >>> reduced = all_reduce(put, matmul, "0")                            # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        editor: Editor,
+        rule: str,
+        origin: Sequence[fx.Node],
+        *,
+        after: fx.Node | None = None,
+        before: fx.Node | None = None,
+    ) -> None:
+        if (after is None) == (before is None):
+            raise ValueError("Inserter: give exactly one of after= or before=")
+        self.editor, self.rule, self.origin = editor, rule, list(origin)
+        self.after, self.before = after, before
+        self.created: list[fx.Node] = []
+
+    def __call__(self, op: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        node = self.editor.insert(
+            op, args, kwargs, rule=self.rule, origin=self.origin,
+            after=self.after, before=self.before,
+        )  # fmt: skip
+        if self.after is not None:
+            self.after = node
+        self.created.append(node)
+        return node
 
 
-def all_reduce(graph: fx.Graph, value: fx.Node, group: str) -> fx.Node:
-    """``wait_tensor(all_reduce(value, "sum", group))``, inserted at the graph's cursor."""
-    reduced = _call(graph, C10D.all_reduce.default, value, "sum", group)
-    return _call(graph, C10D.wait_tensor.default, reduced)
+def all_reduce(put: Inserter, value: fx.Node, group: str, op: str = "sum") -> fx.Node:
+    """``wait_tensor(all_reduce(value, op, group))``."""
+    reduced = put(C10D.all_reduce.default, value, op, group)
+    return put(C10D.wait_tensor.default, reduced)
 
 
-def _to_front(graph: fx.Graph, value: fx.Node, shape: Sequence[int], dim: int) -> fx.Node:
+def _to_front(put: Inserter, value: fx.Node, shape: Sequence[int], dim: int) -> fx.Node:
     """``value`` with ``dim`` first, contiguous (what the dim-0 collectives take)."""
     if all(s == 1 for s in shape[:dim]):
         rest = [s for i, s in enumerate(shape) if i != dim]
-        return _call(graph, aten.view.default, _contiguous(graph, value), [shape[dim], *rest])
+        return put(aten.view.default, _contiguous(put, value), [shape[dim], *rest])
     order = [dim, *(i for i in range(len(shape)) if i != dim)]
-    moved = _call(graph, aten.permute.default, value, order)
-    return _call(graph, aten.clone.default, moved, memory_format=torch.contiguous_format)
+    moved = put(aten.permute.default, value, order)
+    return put(aten.clone.default, moved, memory_format=torch.contiguous_format)
 
 
-def _from_front(graph: fx.Graph, value: fx.Node, shape: Sequence[int], dim: int) -> fx.Node:
+def _from_front(put: Inserter, value: fx.Node, shape: Sequence[int], dim: int) -> fx.Node:
     """Undo :func:`_to_front` for a result whose (moved) dim has size ``shape[dim]``."""
     if all(s == 1 for s in shape[:dim]):
-        return _call(graph, aten.view.default, value, list(shape))
+        return put(aten.view.default, value, list(shape))
     order = [dim, *(i for i in range(len(shape)) if i != dim)]
     inverse = [order.index(i) for i in range(len(shape))]
-    moved = _call(graph, aten.permute.default, value, inverse)
-    return _call(graph, aten.clone.default, moved, memory_format=torch.contiguous_format)
+    moved = put(aten.permute.default, value, inverse)
+    return put(aten.clone.default, moved, memory_format=torch.contiguous_format)
 
 
-def _contiguous(graph: fx.Graph, value: fx.Node) -> fx.Node:
+def _contiguous(put: Inserter, value: fx.Node) -> fx.Node:
     val = value.meta.get("val")
     if isinstance(val, torch.Tensor) and val.is_contiguous():
         return value
-    return _call(graph, aten.clone.default, value, memory_format=torch.contiguous_format)
+    return put(aten.clone.default, value, memory_format=torch.contiguous_format)
 
 
 def all_gather(
-    graph: fx.Graph, value: fx.Node, local: Sequence[int], dim: int, world_size: int, group: str
+    put: Inserter, value: fx.Node, local: Sequence[int], dim: int, world_size: int, group: str
 ) -> fx.Node:
     """The full tensor from each rank's piece ``value`` (of shape ``local``) along ``dim``,
     in rank order."""
     local = list(local)
-    if dim == 0:
-        front = _contiguous(graph, value)
-    else:
-        front = _to_front(graph, value, local, dim)
-    gathered = _call(graph, C10D.all_gather_into_tensor.default, front, world_size, group)
-    gathered = _call(graph, C10D.wait_tensor.default, gathered)
+    front = _contiguous(put, value) if dim == 0 else _to_front(put, value, local, dim)
+    gathered = put(C10D.all_gather_into_tensor.default, front, world_size, group)
+    gathered = put(C10D.wait_tensor.default, gathered)
     full = list(local)
     full[dim] *= world_size
     if dim == 0:
         return gathered
-    return _from_front(graph, gathered, full, dim)
+    return _from_front(put, gathered, full, dim)
 
 
 def reduce_scatter(
-    graph: fx.Graph, value: fx.Node, full: Sequence[int], dim: int, world_size: int, group: str
+    put: Inserter, value: fx.Node, full: Sequence[int], dim: int, world_size: int, group: str
 ) -> fx.Node:
     """This rank's piece along ``dim`` of the sum over ranks of ``value`` (of shape ``full``)."""
     full = list(full)
-    front = _contiguous(graph, value) if dim == 0 else _to_front(graph, value, full, dim)
-    scattered = _call(graph, C10D.reduce_scatter_tensor.default, front, "sum", world_size, group)
-    scattered = _call(graph, C10D.wait_tensor.default, scattered)
+    front = _contiguous(put, value) if dim == 0 else _to_front(put, value, full, dim)
+    scattered = put(C10D.reduce_scatter_tensor.default, front, "sum", world_size, group)
+    scattered = put(C10D.wait_tensor.default, scattered)
     local = list(full)
     local[dim] //= world_size
-    return scattered if dim == 0 else _from_front(graph, scattered, local, dim)
+    return scattered if dim == 0 else _from_front(put, scattered, local, dim)
 
 
 def sum_all_reduces(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
@@ -133,20 +167,24 @@ def sum_all_reduces(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     return out
 
 
-def sink_below_views(reduce: fx.Node, wait: fx.Node) -> bool:
+def sink_below_views(reduce: fx.Node, wait: fx.Node, editor: Editor) -> bool:
     """Move an all-reduce (and its wait) below the reshapes that are its only users — a
     reshape of a sum is the sum of the reshapes — so it reduces the value the next op
     reads (core ATen reshapes every matmul's output back to [batch, seq, hidden])."""
     moved = False
+    rule = "sink_all_reduce_below_views"
     while len(wait.users) == 1:
         (view,) = wait.users
         if view.op != "call_function" or view.target not in _VIEWS:
             return moved
-        view.replace_input_with(wait, reduce.args[0])
-        reduce.update_arg(0, view)
-        view.replace_all_uses_with(wait, delete_user_cb=lambda u: u is not reduce)
-        view.append(reduce)
-        reduce.append(wait)
+        if not editor.allow():
+            return moved
+        editor.replace_input(view, wait, reduce.args[0], rule=rule)
+        editor.set_args(reduce, (view, *reduce.args[1:]), rule=rule)
+        for user in [u for u in view.users if u is not reduce]:
+            editor.replace_input(user, view, wait, rule=rule)
+        editor.move(reduce, after=view, rule=rule)
+        editor.move(wait, after=reduce, rule=rule)
         wait.meta["val"] = view.meta["val"]
         moved = True
     return moved

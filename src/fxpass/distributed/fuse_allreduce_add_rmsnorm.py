@@ -18,10 +18,10 @@ import torch
 from torch import fx
 from torch.fx import Proxy
 
-from ..core.registry import _builtin
+from ..core.registry import REGISTRY
+from ..edit.editor import Editor
 from ..fxutil.layout import same_layout
-from ..passes.fusion._keep_layout import fake_result, keep_layout
-from ..passes.fusion._norm_patterns import ADD, add_ok, norm_ok, rms_norm, scalars
+from ..passes.fusion import ADD, add_ok, fake_result, keep_layout, norm_ok, rms_norm, scalars
 from ..rewrite.constraint import value_of
 from ..rewrite.driver import RuleSet, rewrite
 from ..rewrite.pattern import P
@@ -42,7 +42,7 @@ def _reduced(name: str) -> Any:
 
 def _kept(partial, residual, w, eps, offset, group, normed_old, sum_old) -> Any:
     """The fused op's two results in the layouts of the values they replace (checked
-    against its fake kernel, see :mod:`fxpass.passes.fusion._keep_layout`), or None."""
+    against its fake kernel, see :func:`fxpass.passes.fusion.keep_layout`), or None."""
     args = (partial, residual, w, *scalars(eps, offset), group)
     fused = _OP(*args)
     vals = fake_result(_OP, *args) or (None, None)
@@ -104,8 +104,9 @@ RULES = RuleSet(
 )
 
 
-@_builtin(
+@REGISTRY.register(
     "fuse_allreduce_add_rmsnorm",
+    origin="fxpass",
     statistics={
         "rewrites": "all-reduces fused with the residual add and norm after them",
     },
@@ -124,5 +125,6 @@ def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule) -> bool:
                                                                 1e-06, 0.0, "0")
                             %out = getitem(%f, 0)      # the sum's other users read %f[1]
     """
-    sunk = [sink_below_views(*pair) for pair in sum_all_reduces(gm)]
+    editor = Editor(pass_name="fuse_allreduce_add_rmsnorm")
+    sunk = [sink_below_views(*pair, editor) for pair in sum_all_reduces(gm)]
     return rewrite(gm, RULES, once=True).modified or any(sunk)

@@ -7,6 +7,9 @@ A :class:`Shard` describes the local piece each rank holds of a global tensor::
     Shard(dim=2, parts=(64, 32, 32))   dim 2 is the concatenation of three parts (a fused
                                        q/k/v projection): each part is cut separately and
                                        a rank holds its chunk of every part, in order
+    Shard(dim=1, ways=2)               cut into 2 chunks, not world-size ones (an expert's
+                                       features, cut over the tensor-parallel ranks of its
+                                       expert group); 0 means the flow's world size
 
 Replicated values have no layout (``None``); :data:`PARTIAL` marks the output of a
 row-parallel matmul, whose full value is the sum over ranks. The functions here are the
@@ -35,13 +38,15 @@ class Shard:
     dim: int
     outer: int = 1
     parts: tuple[int, ...] = ()
+    ways: int = 0
 
     def moved(self, dim: int) -> Shard:
-        return Shard(dim, self.outer, self.parts)
+        return Shard(dim, self.outer, self.parts, self.ways)
 
     def describe(self) -> str:
         extra = f", parts {list(self.parts)}" if self.parts else ""
         extra += f", in {self.outer} blocks" if self.outer != 1 else ""
+        extra += f", {self.ways} ways" if self.ways else ""
         return f"dim {self.dim}{extra}"
 
 
@@ -89,15 +94,16 @@ def map_view(before: Sequence[int], after: Sequence[int], shard: Shard) -> tuple
             continue
         units = block // suffix
         if n % units == 0:
-            return Shard(e, n // units), units, e
+            return Shard(e, n // units, ways=shard.ways), units, e
     raise NotShardable(
         f"reshaping {list(before)} to {list(after)} mixes the sharded dim {d} with other dims"
     )
 
 
 def local_slice(t: torch.Tensor, shard: Shard, rank: int, world_size: int) -> torch.Tensor:
-    """The piece of the global tensor ``t`` that ``rank`` holds under ``shard``: a new,
-    contiguous tensor (never a view of ``t``, so the full tensor can be freed)."""
+    """The piece of the global tensor ``t`` that ``rank`` holds under ``shard`` when it is
+    cut ``world_size`` ways (``shard.ways`` must be 0 or that): a new, contiguous tensor
+    (never a view of ``t``, so the full tensor can be freed)."""
     d = shard.dim
     size = t.shape[d]
     pieces = []

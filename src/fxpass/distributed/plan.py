@@ -1,19 +1,33 @@
-"""The sharding plan: data a user can print, edit and pass back.
+"""The sharding plan: one piece of data over a mesh, that a user can print, edit and pass back.
 
-One :class:`Decision` per weight the analysis looked at: how it is cut (``column``: its
-rows, the output features, dim 0; ``row``: its columns, the input features, dim 1;
-``vocab``: an embedding's rows, dim 0; ``replicate``: whole on every rank), which graph
-node reads it, the parts a fused projection is cut in, and why. A plan round-trips
-through JSON (``plan.save(path)`` / ``ShardPlan.load(path)``) and prints as a table.
-The ``collectives`` it lists are what the plan implies (derived again when the plan is
-used, so editing them does nothing).
+A plan holds a section per strategy, all over one :class:`~fxpass.distributed.mesh.Mesh`:
+
+* ``decisions`` (tensor parallelism): one :class:`Decision` per weight the analysis looked at
+  — how it is cut (``column``: its output features; ``row``: its input features; ``vocab``:
+  an embedding's rows; ``batch``: a stack of experts cut by expert, each rank running its
+  experts on all tokens; ``slice``: cut with the activation it meets, like a q/k norm's
+  per-feature scale or attention sinks; ``replicate``: whole on every rank, with the bytes
+  that costs each rank), which graph node reads it, the parts a fused projection is cut
+  in, and why;
+* ``experts`` (expert parallelism): one :class:`ExpertBlock` per mixture of experts — its
+  router, its expert weights and where their rows are combined;
+* ``stages`` (pipeline parallelism): one :class:`Stage` per pipeline stage — its nodes and
+  the activations it receives and sends;
+* ``options``: the passes run on the sharded graphs (``sequence_parallel``, ``fuse``);
+* ``collectives``: what the plan implies per forward (derived again when it is used).
+
+A plan round-trips through JSON (``plan.save(path)`` / ``ShardPlan.load(path)``) and prints
+as a table. Reading one checks every field and says which is wrong in one line
+(:class:`PlanError`); a plan for another mesh or program is refused before any rank is made.
+Adding a strategy adds its section here and its own module (see ``docs/architecture.md``).
 
 .. code-block:: json
 
-    {"format": "fxpass.shard_plan/1", "world_size": 2,
+    {"format": "fxpass.shard_plan/2", "mesh": {"tp": 2, "ep": 1, "pp": 1},
      "decisions": [{"param": "model.layers.0.self_attn.q_proj.weight", "style": "column",
-                    "dim": 0, "node": "linear", "parts": [64], "bias": null,
-                    "reason": "column-parallel: reads replicated 'mul_4'; ..."}, ...]}
+                    "dim": 0, "node": "linear", "parts": [], "bias": null, "ways": 0,
+                    "bytes": 0, "reason": "column-parallel: reads replicated 'mul_4'; ..."}],
+     "experts": [], "stages": [], "options": {"sequence_parallel": false, "fuse": false}}
 """
 
 from __future__ import annotations
@@ -31,12 +45,28 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.errors import FxpassError
+from .mesh import DIMS, Mesh
 
-__all__ = ["FORMAT", "STYLES", "Decision", "PlanError", "ShardError", "ShardPlan"]
+__all__ = [
+    "FORMAT",
+    "OPTIONS",
+    "STYLES",
+    "Decision",
+    "ExpertBlock",
+    "PlanError",
+    "ShardError",
+    "ShardPlan",
+    "Stage",
+    "plural",
+]
 
-FORMAT = "fxpass.shard_plan/1"
-#: Each style and the weight dim it cuts.
-STYLES: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "replicate": None}
+FORMAT = "fxpass.shard_plan/2"
+_OLD_FORMAT = "fxpass.shard_plan/1"  # world_size instead of a mesh
+#: Each style, and the dim of a 2-D weight it cuts (None: any the site says, or none).
+STYLES: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "batch": 0, "slice": None,
+                                 "replicate": None}  # fmt: skip
+#: The passes a plan can ask for on the sharded graphs, and their defaults.
+OPTIONS: dict[str, bool] = {"sequence_parallel": False, "fuse": False}
 
 
 class ShardError(FxpassError):
@@ -47,9 +77,76 @@ class PlanError(ShardError):
     """A plan is malformed or does not fit the program it is applied to."""
 
 
+def plural(n: int, word: str) -> str:
+    """``"1 rank"``, ``"2 ranks"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# ----- reading fields, one line per mistake ------------------------------------------------
+_MISSING: Any = object()
+_KINDS = {int: "an integer", str: "a string", bool: "true or false", list: "a list",
+          dict: "an object"}  # fmt: skip
+
+
+def _get(data: dict, where: str, name: str, kind: Any, default: Any = _MISSING) -> Any:
+    if name not in data:
+        if default is _MISSING:
+            raise PlanError(f"plan field '{where}.{name}' is missing")
+        return default
+    value = data[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = any(
+        value is None if k is None else isinstance(value, k) and not (k is int and value is True)
+        for k in kinds
+    )
+    if not ok or (int in kinds and isinstance(value, bool)):
+        want = " or ".join("null" if k is None else _KINDS[k] for k in kinds)
+        raise PlanError(f"plan field '{where}.{name}' must be {want}, not {value!r}")
+    return value
+
+
+def _strings(data: dict, where: str, name: str) -> list[str]:
+    items = _get(data, where, name, list, [])
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise PlanError(f"plan field '{where}.{name}[{i}]' must be a string, not {item!r}")
+    return list(items)
+
+
+def _ints(data: dict, where: str, name: str) -> list[int]:
+    items = _get(data, where, name, list, [])
+    for i, item in enumerate(items):
+        if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+            raise PlanError(
+                f"plan field '{where}.{name}[{i}]' must be a positive integer, not {item!r}"
+            )
+    return list(items)
+
+
+def _unknown(data: dict, where: str, known: Any) -> None:
+    extra = sorted(set(data) - set(known))
+    if extra:
+        raise PlanError(f"plan field '{where}' has an unknown key {extra[0]!r}")
+
+
+# ----- the sections ------------------------------------------------------------------------
+class _Section:
+    """What the plan's sections share: JSON out, and the checks of an object read in."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def _fields(cls, data: Any, where: str) -> dict:
+        if not isinstance(data, dict):
+            raise PlanError(f"plan field '{where}' must be an object, not {data!r}")
+        _unknown(data, where, (f.name for f in dataclasses.fields(cls)))  # type: ignore[arg-type]
+        return data
+
+
 @dataclass
-class Decision:
-    """How one weight is laid out across ranks, and why."""
+class Decision(_Section):
+    """How one weight is laid out across the ranks of a stage, and why."""
 
     param: str
     style: str
@@ -58,37 +155,119 @@ class Decision:
     parts: list[int] = field(default_factory=list)
     bias: str | None = None
     reason: str = ""
+    ways: int = 0  # cut into this many pieces (0: every rank of the stage)
+    bytes: int = 0  # for replicated weights: what each rank keeps that it could share
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
             raise PlanError(
-                f"decision for '{self.param}': style must be one of {sorted(STYLES)}, "
-                f"not {self.style!r}"
+                f"decision for '{self.param}': style must be one of "
+                f"{', '.join(sorted(STYLES))}, not {self.style!r}"
             )
         if self.dim is None:
             self.dim = STYLES[self.style]
-        if self.dim != STYLES[self.style]:
+        if self.style == "replicate" and self.dim is not None:
+            raise PlanError(f"decision for '{self.param}': a replicated weight has no dim")
+        if self.style in ("column", "row", "slice") and self.dim is None:
+            raise PlanError(f"decision for '{self.param}': a {self.style} weight needs a dim")
+        if self.style in ("vocab", "batch") and self.dim != 0:
             raise PlanError(
-                f"decision for '{self.param}': a {self.style} weight is cut along dim "
-                f"{STYLES[self.style]}, not {self.dim}"
+                f"decision for '{self.param}': a {self.style} weight is cut along dim 0"
             )
+        if self.dim is not None and self.dim < 0:
+            raise PlanError(f"decision for '{self.param}': dim must be >= 0, not {self.dim}")
         self.parts = [int(p) for p in self.parts or ()]
 
     @property
     def sharded(self) -> bool:
         return self.style != "replicate"
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> Decision:
+        data = cls._fields(data, where)
+        dim = _get(data, where, "dim", (int, None), None)
+        if dim is not None and dim < 0:
+            raise PlanError(f"plan field '{where}.dim' must be >= 0, not {dim}")
+        return cls(
+            param=_get(data, where, "param", str),
+            style=_get(data, where, "style", str),
+            node=_get(data, where, "node", str),
+            dim=dim,
+            parts=_ints(data, where, "parts"),
+            bias=_get(data, where, "bias", (str, None), None),
+            reason=_get(data, where, "reason", str, ""),
+            ways=_get(data, where, "ways", int, 0),
+            bytes=_get(data, where, "bytes", int, 0),
+        )
+
+
+@dataclass
+class ExpertBlock(_Section):
+    """A mixture of experts split across expert groups: ``router`` is the top-k node,
+    ``weights`` the expert stacks (dim 0: the experts), ``exits`` where each rank's rows
+    leave the experts (masked to the rows of its experts, then partial sums)."""
+
+    router: str
+    experts: int
+    weights: list[str]
+    exits: list[str]
+    reason: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> ExpertBlock:
+        data = cls._fields(data, where)
+        experts = _get(data, where, "experts", int)
+        if experts < 2:
+            raise PlanError(f"plan field '{where}.experts' must be at least 2, not {experts}")
+        return cls(
+            router=_get(data, where, "router", str),
+            experts=experts,
+            weights=_strings(data, where, "weights"),
+            exits=_strings(data, where, "exits"),
+            reason=_get(data, where, "reason", str, ""),
+        )
+
+
+@dataclass
+class Stage(_Section):
+    """One pipeline stage: the graph's nodes ``first`` to ``last`` (in order), the values
+    it ``receives`` and ``sends``, and its share of the weights and FLOPs."""
+
+    first: str
+    last: str
+    receives: list[str] = field(default_factory=list)
+    sends: list[str] = field(default_factory=list)
+    weight_bytes: int = 0
+    flops: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> Stage:
+        data = cls._fields(data, where)
+        return cls(
+            first=_get(data, where, "first", str),
+            last=_get(data, where, "last", str),
+            receives=_strings(data, where, "receives"),
+            sends=_strings(data, where, "sends"),
+            weight_bytes=_get(data, where, "weight_bytes", int, 0),
+            flops=_get(data, where, "flops", int, 0),
+        )
 
 
 @dataclass
 class ShardPlan:
-    """Every decision for one program and world size (see the module docstring)."""
+    """Every decision for one program over one mesh (see the module docstring)."""
 
-    world_size: int
+    mesh: Mesh
     decisions: list[Decision]
     collectives: list[dict[str, Any]] = field(default_factory=list)
+    experts: list[ExpertBlock] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)
+    options: dict[str, bool] = field(default_factory=lambda: dict(OPTIONS))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mesh, int):  # ShardPlan(2, decisions): tensor parallelism on 2
+            self.mesh = Mesh(tp=self.mesh)
+        self.options = {**OPTIONS, **self.options}
 
     def __iter__(self) -> Iterator[Decision]:
         return iter(self.decisions)
@@ -103,15 +282,30 @@ class ShardPlan:
         raise KeyError(f"the plan has no decision for '{param}'")
 
     @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
+
+    @property
     def sharded(self) -> list[Decision]:
         return [d for d in self.decisions if d.sharded]
+
+    def collective_counts(self) -> dict[str, int]:
+        """How many of each kind of collective a forward issues on each rank."""
+        counts: dict[str, int] = {}
+        for c in self.collectives:
+            counts[c["op"]] = counts.get(c["op"], 0) + 1
+        return counts
 
     # ----- JSON ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
+            "mesh": self.mesh.to_dict(),
             "world_size": self.world_size,
+            "options": dict(self.options),
             "decisions": [d.to_dict() for d in self.decisions],
+            "experts": [b.to_dict() for b in self.experts],
+            "stages": [s.to_dict() for s in self.stages],
             "collectives": list(self.collectives),
         }
 
@@ -120,14 +314,51 @@ class ShardPlan:
 
     @classmethod
     def from_dict(cls, data: Any) -> ShardPlan:
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") not in (FORMAT, _OLD_FORMAT):
             raise PlanError(f"not a sharding plan: expected a JSON object with format {FORMAT!r}")
-        try:
-            decisions = [Decision(**d) for d in data["decisions"]]
-            world_size = int(data["world_size"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise PlanError(f"malformed sharding plan: {type(e).__name__}: {e}") from None
-        return cls(world_size, decisions, list(data.get("collectives", ())))
+        known = ("format", "mesh", "world_size", "options", "decisions", "experts", "stages",
+                 "collectives")  # fmt: skip
+        _unknown(data, "plan", known)
+        if "mesh" in data:
+            dims = _get(data, "plan", "mesh", dict)
+            _unknown(dims, "mesh", DIMS)
+            for name in DIMS:
+                value = _get(dims, "mesh", name, int, 1)
+                if value < 1:
+                    raise PlanError(f"plan field 'mesh.{name}' must be >= 1, not {value}")
+            mesh = Mesh(**dims)
+        else:
+            world_size = _get(data, "plan", "world_size", int)
+            if world_size < 1:
+                raise PlanError(f"plan field 'world_size' must be >= 1, not {world_size}")
+            mesh = Mesh(tp=world_size)
+        if "world_size" in data and _get(data, "plan", "world_size", int) != mesh.world_size:
+            raise PlanError(
+                f"plan field 'world_size' is {data['world_size']}, but the mesh {mesh} has "
+                f"{mesh.world_size}"
+            )
+        options = _get(data, "plan", "options", dict, {})
+        _unknown(options, "options", OPTIONS)
+        opts = {k: _get(options, "options", k, bool, v) for k, v in OPTIONS.items()}
+
+        def section(name: str, make: Any) -> list:
+            items = _get(data, "plan", name, list, [] if name != "decisions" else _MISSING)
+            return [make(item, f"{name}[{i}]") for i, item in enumerate(items)]
+
+        stages = section("stages", Stage.from_dict)
+        if stages and len(stages) != mesh.pp:
+            raise PlanError(
+                f"the plan has {plural(len(stages), 'stage')} but its mesh pp is {mesh.pp}"
+            )
+        collectives = _get(data, "plan", "collectives", list, [])
+        return cls(
+            mesh,
+            section("decisions", Decision.from_dict),
+            list(collectives),
+            section("experts", ExpertBlock.from_dict),
+            stages,
+            opts,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ShardPlan:
@@ -152,7 +383,7 @@ class ShardPlan:
 
     # ----- printing -------------------------------------------------------------------------
     def table(self) -> Table:
-        table = Table(title=f"sharding plan, world size {self.world_size}", title_justify="left")
+        table = Table(title=f"sharding plan, mesh {self.mesh}", title_justify="left")
         for col in ("param", "style", "dim", "node", "why"):
             table.add_column(col, overflow="fold")
         for d in self.decisions:
@@ -165,9 +396,14 @@ class ShardPlan:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.table()
-        counts: dict[str, int] = {}
-        for c in self.collectives:
-            counts[c["op"]] = counts.get(c["op"], 0) + 1
+        for b in self.experts:
+            yield Text(f"experts at '{b.router}': {b.reason}")
+        for i, s in enumerate(self.stages):
+            yield Text(
+                f"stage {i}: '{s.first}' .. '{s.last}', {s.weight_bytes:,} bytes of weights, "
+                f"{s.flops:,} FLOPs; sends {', '.join(map(repr, s.sends)) or 'the outputs'}"
+            )
+        counts = self.collective_counts()
         if counts:
             yield Text("collectives per step: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 

@@ -96,11 +96,8 @@ def pointwise(
         return None
     for a, rank in replicated:
         d = found.dim - (out_rank - rank)
-        if d >= 0 and flow.shape(a)[d] != 1:
-            raise NotShardable(
-                f"'{node.name}' combines a sharded value with the replicated '{a.name}', which "
-                f"spans the sharded dim {found.dim} (size {flow.shape(a)[d]})"
-            )
+        if d >= 0 and flow.shape(a)[d] != 1:  # a per-feature (per-head) weight: cut it too
+            flow.companion(node, a, found.moved(d))
     return found
 
 
@@ -156,11 +153,13 @@ def _view_like(flow: Any, node: fx.Node, size_arg: int | None) -> Shard:
     except NotShardable as err:
         raise NotShardable(f"'{node.name}': {err}") from None
     width = math.prod(after[e + 1 :])
-    flow.require(node, units, f"'{node.name}' cuts it into {units} slices of {width} (dim {e})")
+    flow.require(
+        node, units, f"'{node.name}' cuts it into {units} slices of {width} (dim {e})", shard.ways
+    )
     if size_arg is not None:
         sizes = list(node.args[size_arg])
         if sizes[e] != -1:
-            sizes[e] = sizes[e] // flow.world_size
+            sizes[e] = sizes[e] // flow.ways(new)
             flow.edit(node, ("args", size_arg), sizes)
     return new
 
@@ -214,9 +213,18 @@ def _expand(flow: Any, node: fx.Node) -> Any:
     new = shard.moved(shard.dim + offset)
     sizes = list(node.args[1])
     if sizes[new.dim] != -1:
-        sizes[new.dim] = sizes[new.dim] // flow.world_size
+        sizes[new.dim] = sizes[new.dim] // flow.ways(new)
         flow.edit(node, ("args", 1), sizes)
     return new
+
+
+@_on(aten.view_as_complex.default, aten.view_as_real.default)
+def _complex(flow: Any, node: fx.Node) -> Any:
+    """Rotary embeddings in complex numbers: pairs of the last dim become one number."""
+    shard = _sharded_input(flow, node)
+    if shard.dim >= len(flow.shape(node.args[0])) - 1:
+        raise NotShardable(f"'{node.name}' pairs up the sharded last dim")
+    return shard
 
 
 @_on(aten.repeat_interleave.self_int)
@@ -254,11 +262,19 @@ def _slice(flow: Any, node: fx.Node) -> Any:
     step = _arg(node, 4, "step", 1)
     if step == 1 and start == 0 and end == size:
         return shard
+    if step > 1 and start < step and end == size and not shard.parts:
+        # every step-th feature (gate/up interleaved): a rank's chunk, if a multiple of the
+        # step, interleaves the same way
+        what = f"'{node.name}' takes one in {step} of {size} features"
+        flow.require(node, size // shard.outer // step, what, shard.ways)
+        if (_arg(node, 3, "end", None) or _INT_MAX) < _INT_MAX:
+            flow.edit(node, _where(node, 3, "end"), size // flow.ways(shard))
+        return shard
     if step == 1 and shard.parts and (start, end) in _bounds(shard):
-        n = flow.world_size
+        n = flow.ways(shard)
         flow.edit(node, _where(node, 2, "start"), start // n)
         flow.edit(node, _where(node, 3, "end"), end // n)
-        return Shard(dim)
+        return Shard(dim, ways=shard.ways)
     raise NotShardable(
         f"'{node.name}' slices [{start}:{end}] of the sharded dim {dim}, which is not one "
         "part of a fused projection"
@@ -282,13 +298,13 @@ def _split(flow: Any, node: fx.Node) -> Any:
             f"'{node.name}' splits the sharded dim {dim} into {pieces}, which are not the "
             "parts of a fused projection"
         )
-    n = flow.world_size
+    n = flow.ways(shard)
     op = flow.op(node)
     if op in (aten.split_with_sizes.default,):
         flow.edit(node, ("args", 1), [p // n for p in pieces])
     elif op is not aten.chunk.default:
         flow.edit(node, ("args", 1), node.args[1] // n)
-    return [Shard(dim)] * len(pieces)
+    return [Shard(dim, ways=shard.ways)] * len(pieces)
 
 
 @_on(operator.getitem)
@@ -304,13 +320,28 @@ def _cat(flow: Any, node: fx.Node) -> Any:
     tensors = list(node.args[0])
     rank = len(flow.shape(node))
     dim = _norm(_arg(node, 1, "dim", 0), rank)
-    lays = {flow.layout(t) for t in tensors}
-    if len(lays) != 1:
-        raise NotShardable(f"'{node.name}' joins sharded and replicated values")
-    (shard,) = lays
+    shards = {flow.layout(t) for t in tensors} - {None}
+    if len(shards) != 1:
+        raise NotShardable(f"'{node.name}' joins values cut in different ways")
+    (shard,) = shards
     if not isinstance(shard, Shard) or shard.dim == dim:
         raise NotShardable(f"'{node.name}' joins along the sharded dim {dim}")
+    for t in tensors:  # attention sinks joined to the scores: cut with the heads
+        if flow.layout(t) is None:
+            flow.companion(node, t, shard)
     return shard
+
+
+@_on(aten.stack.default)
+def _stack(flow: Any, node: fx.Node) -> Any:
+    """Interleaved rotary halves stacked on a new last dim: the shard moves past it."""
+    tensors = list(node.args[0])
+    lays = {flow.layout(t) for t in tensors}
+    if len(lays) != 1 or not isinstance(next(iter(lays)), Shard):
+        raise NotShardable(f"'{node.name}' stacks sharded and replicated values")
+    (shard,) = lays
+    dim = _norm(_arg(node, 1, "dim", 0), len(flow.shape(node)))
+    return shard.moved(shard.dim + 1) if shard.dim >= dim else shard
 
 
 # ----- reductions and normalizations along one dim -------------------------------------------
@@ -322,12 +353,50 @@ def _reduce(flow: Any, node: fx.Node, dims: Any, keepdim: bool) -> Any:
     dims = [dims] if isinstance(dims, int) else list(dims)
     dims = [_norm(d, rank) for d in dims]
     if shard.dim in dims:
-        raise NotShardable(
-            f"'{node.name}' ({flow.op(node)}) reduces over the sharded dim {shard.dim}"
-        )
+        kind = _DISTRIBUTED.get(flow.op(node))
+        if kind is None or flow.ways(shard) != flow.world_size:
+            raise NotShardable(
+                f"'{node.name}' ({flow.op(node)}) reduces over the sharded dim {shard.dim}"
+            )
+        # a distributed reduction: each rank reduces its slice, one small all-reduce
+        # combines them (an RMSNorm's mean of squares over the whole projection)
+        scale = 1.0 / flow.ways(shard) if flow.op(node) is aten.mean.dim else 1.0
+        flow.reduce(node, kind, scale)
+        return None
     if keepdim:
         return shard
     return shard.moved(shard.dim - sum(d < shard.dim for d in dims))
+
+
+#: Reductions over the sharded dim that an all-reduce completes, and its op.
+_DISTRIBUTED = {
+    aten.mean.dim: "sum",
+    aten.sum.dim_IntList: "sum",
+    aten.amax.default: "max",
+    aten.amin.default: "min",
+}
+
+
+@_on(aten.max.dim, aten.min.dim)
+def _max_dim(flow: Any, node: fx.Node) -> Any:
+    keep = _arg(node, 2, "keepdim", False)
+    out = _reduce(flow, node, _arg(node, 1, "dim"), bool(keep))
+    if out is None:
+        raise NotShardable(f"'{node.name}' reduces over the sharded dim and returns indices")
+    return [out, out]
+
+
+@_on(aten.index.Tensor)
+def _index(flow: Any, node: fx.Node) -> Any:
+    """Rows gathered by replicated indices (an expert's bias by expert id): a value cut
+    along a dim the indices do not touch stays cut, that dim moved past the indices'."""
+    shard = _sharded_input(flow, node)
+    indices = list(node.args[1])
+    if any(flow.layout(i) is not None for i in indices if isinstance(i, fx.Node)):
+        raise NotShardable(f"'{node.name}' gathers with sharded indices")
+    if len(indices) != 1 or shard.dim == 0 or not isinstance(indices[0], fx.Node):
+        raise NotShardable(f"'{node.name}' gathers along the sharded dim {shard.dim}")
+    return shard.moved(shard.dim - 1 + len(flow.shape(indices[0])))
 
 
 @_on(

@@ -42,13 +42,16 @@ import torch
 from torch import fx
 
 from ..core.context import stat
-from ..core.registry import _builtin
+from ..core.registry import REGISTRY
+from ..edit.editor import Editor
+from ..fxutil.fx import sort_key
 from . import collectives
+from .collectives import Inserter
 from .layout import NotShardable, Shard
 from .plan import ShardError
-from .rewrite import _fake_mode, rank_key, repropagate, resolve_rank
 from .rules import RULES
 from .sites import target_of
+from .tensor_parallel import fake_mode, rank_key, repropagate, resolve_rank
 
 __all__ = ["sequence_parallel"]
 
@@ -70,6 +73,7 @@ _ROWWISE = {  # ops that treat each token on its own (besides the pointwise ones
     aten.var.correction,
     operator.getitem,
 }
+RULE = "sequence_parallel"
 _RMS_NORM = fxpass_ops.rms_norm.default
 _NORMS = {
     fxpass_ops.rms_norm.default,
@@ -95,15 +99,14 @@ def _token_dim(shape: tuple[int, ...], world_size: int, where: str) -> int:
 class _Scatter:
     """Follow the scattered values; slice replicated operands, gather where needed."""
 
-    def __init__(self, gm: fx.GraphModule, rank: int, world_size: int, group: str) -> None:
-        self.gm, self.rank, self.n, self.group = gm, rank, world_size, group
+    def __init__(self, editor: Editor, rank: int, world_size: int, group: str) -> None:
+        self.editor, self.rank, self.n, self.group = editor, rank, world_size, group
         self.layouts: dict[fx.Node, Any] = {}
         self.gathered: dict[fx.Node, fx.Node] = {}
         self.sliced: dict[tuple[fx.Node, int], fx.Node] = {}
-        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
         self.world_size = world_size  # what the layout rules read
 
-    # what rules.pointwise asks of a flow
+    # what the layout rules ask of a flow
     def layout(self, arg: Any) -> Any:
         return self.layouts.get(arg) if isinstance(arg, fx.Node) else None
 
@@ -113,9 +116,15 @@ class _Scatter:
     def op(self, node: fx.Node) -> Any:
         return target_of(node)
 
+    def ways(self, shard: Shard) -> int:
+        return shard.ways or self.n
+
+    def reduce(self, node: fx.Node, op: str, scale: float = 1.0) -> None:
+        raise NotShardable(f"'{node.name}' reduces over the scattered tokens")
+
     def run(self, seeds: dict[fx.Node, Shard]) -> None:
         self.layouts.update(seeds)
-        heap = [(self.order[u], u.name, u) for s in seeds for u in s.users]
+        heap = [(sort_key(u), u.name, u) for s in seeds for u in s.users]
         heapq.heapify(heap)
         seen = {n for *_, n in heap}
         while heap:
@@ -125,9 +134,9 @@ class _Scatter:
                 continue
             self.layouts[node] = layout
             for u in node.users:
-                if u not in seen and u in self.order:
+                if u not in seen:
                     seen.add(u)
-                    heapq.heappush(heap, (self.order[u], u.name, u))
+                    heapq.heappush(heap, (sort_key(u), u.name, u))
 
     def _visit(self, node: fx.Node) -> Any:
         op = target_of(node) if node.op == "call_function" else None
@@ -169,18 +178,16 @@ class _Scatter:
         for a, offset in spanning:
             d = found.dim - offset
             if d >= 0 and self.shape(a)[d] != 1:
-                node.replace_input_with(a, self._slice(a, d))
+                self.editor.replace_input(node, a, self._slice(a, d), rule=RULE)
         return found
 
     def _slice(self, value: fx.Node, dim: int) -> fx.Node:
         key = (value, dim)
         if key not in self.sliced:
             size = self.shape(value)[dim] // self.n
-            graph = value.graph
-            with graph.inserting_before(value.next):
-                piece = graph.call_function(
-                    aten.slice.Tensor, (value, dim, self.rank * size, (self.rank + 1) * size)
-                )
+            put = Inserter(self.editor, RULE, [value], after=value)
+            start = self.rank * size
+            piece = put(aten.slice.Tensor, value, dim, start, start + size)
             piece.meta["val"] = value.meta["val"]  # global until repropagated, like the rest
             self.layouts[piece] = Shard(dim)
             self.sliced[key] = piece
@@ -191,15 +198,14 @@ class _Scatter:
         for a in node.all_input_nodes:
             lay = self.layouts.get(a)
             if isinstance(lay, Shard):
-                node.replace_input_with(a, self._gather(a, lay))
+                self.editor.replace_input(node, a, self._gather(a, lay), rule=RULE)
 
     def _gather(self, value: fx.Node, shard: Shard) -> fx.Node:
         if value not in self.gathered:
-            graph = value.graph
             local = list(self.shape(value))
             local[shard.dim] //= self.n
-            with graph.inserting_before(value.next):
-                full = collectives.all_gather(graph, value, local, shard.dim, self.n, self.group)
+            put = Inserter(self.editor, RULE, [value], after=value)
+            full = collectives.all_gather(put, value, local, shard.dim, self.n, self.group)
             self.gathered[value] = full
             stat("all_gathers")
         return self.gathered[value]
@@ -211,31 +217,31 @@ def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
     pairs = collectives.sum_all_reduces(gm)
     if not pairs:
         return 0
+    editor = Editor(pass_name=RULE)
     seeds: dict[fx.Node, Shard] = {}
-    scatter = _Scatter(gm, rank, world_size, pairs[0][0].args[2])
+    scatter = _Scatter(editor, rank, world_size, pairs[0][0].args[2])
     for reduce, wait in pairs:
-        collectives.sink_below_views(reduce, wait)
+        collectives.sink_below_views(reduce, wait, editor)
+        if not editor.allow():
+            continue
         value = reduce.args[0]
         full = tuple(int(s) for s in value.meta["val"].shape)
         dim = _token_dim(full, world_size, value.name)
-        with gm.graph.inserting_before(wait.next):
-            local = collectives.reduce_scatter(
-                gm.graph, value, full, dim, world_size, reduce.args[2]
-            )
-        wait.replace_all_uses_with(local)
-        gm.graph.erase_node(wait)
-        gm.graph.erase_node(reduce)
+        put = Inserter(editor, RULE, [reduce], after=wait)
+        local = collectives.reduce_scatter(put, value, full, dim, world_size, reduce.args[2])
+        editor.replace_all_uses(wait, local, RULE)
+        editor.erase(reduce, RULE)
         local.meta["val"] = value.meta["val"]  # the global value while the walk runs
         seeds[local] = Shard(dim)
-    scatter.order = {n: i for i, n in enumerate(gm.graph.nodes)}
     scatter.run(seeds)
     for node in scatter.layouts:  # now local: recomputed (with what they feed) afterwards
         node.meta.pop("val", None)
-    return len(pairs)
+    return len(seeds)
 
 
-@_builtin(
+@REGISTRY.register(
     "sequence_parallel",
+    origin="fxpass",
     statistics={
         "reduce_scatters": "all-reduces turned into reduce-scatters",
         "all_gathers": "all-gathers inserted where all tokens are needed",
@@ -252,7 +258,7 @@ def sequence_parallel(gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1
     count = scatter_graph(gm, rank, world_size)
     if not count:
         return False
-    repropagate(gm, _fake_mode(gm))
+    repropagate(gm, fake_mode(gm))
     gm.graph.lint()
     stat("reduce_scatters", count)
     return True

@@ -1,6 +1,12 @@
-"""Where a graph multiplies by its weights: linear and embedding sites, in every IR spelling.
+"""Where a graph multiplies by its weights: linear, grouped and embedding sites, in every IR
+spelling.
 
-A *site* is one use of a 2-D weight: ``x @ W.T (+ b)`` or ``W[ids]``. Export keeps
+A *site* is one use of a 2-D weight — ``x @ W.T (+ b)`` or ``W[ids]`` — or of a 3-D stack of
+expert weights: in a grouped matmul (``grouped_mm(x, W[E, in, out], offsets)``: rows of
+``x`` sorted by expert, ``offsets`` where each expert's rows end; torch's ``_grouped_mm``
+or ``transformers::grouped_mm_fallback``, registered by ``transformers.integrations.moe``)
+or a batched one (``bmm(x[E, T, in], W[E, in, out])``: every expert on its copy of the
+tokens, as Llama 4 runs them); the stack may be transposed on its way. Export keeps
 ``aten.linear``; core ATen, AOTAutograd and Inductor graphs spell it
 ``mm(x, permute(W, [1, 0]))`` or ``addmm(b, x, t(W))``; torch-level code may write
 ``matmul(x, W.t())``. ExecuTorch Edge ops are read as the ATen ops they wrap. The weights
@@ -20,9 +26,25 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind
 
 from ..fxutil.dialect import aten_op
 
-__all__ = ["Params", "Site", "find_sites", "target_of"]
+__all__ = ["SAME_VALUE", "Params", "Site", "find_sites", "target_of"]
 
 aten = torch.ops.aten
+
+#: Ops whose result holds the values of their input (views, copies, casts).
+SAME_VALUE = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.view_copy.default,
+    aten.flatten.using_ints,
+    aten.unsqueeze.default,
+    aten.alias.default,
+    aten.clone.default,
+    aten.contiguous.default,
+    aten._to_copy.default,
+    aten.to.dtype,
+    aten.to.dtype_layout,
+}
 
 _TRANSPOSES = {aten.permute.default, aten.t.default, aten.transpose.int}
 
@@ -77,23 +99,27 @@ class Params:
 
 @dataclass(eq=False)
 class Site:
-    """One use of a 2-D weight. ``node`` computes the result, ``input`` is the activation
-    (token ids for an embedding), ``path`` the transposes between the weight and ``node``."""
+    """One use of a weight. ``node`` computes the result, ``input`` is the activation
+    (token ids for an embedding), ``path`` the transposes between the weight and ``node``;
+    ``out_dim`` and ``in_dim`` are the weight's dims of output and input features (0 and 1
+    for a linear weight; 2 and 1, or 1 and 2 when transposed, for a grouped one)."""
 
-    kind: str  # "linear" or "embedding"
+    kind: str  # "linear", "grouped", "batched" or "embedding"
     node: fx.Node
     input: fx.Node
     weight: fx.Node
     bias: fx.Node | None = None
     path: tuple[fx.Node, ...] = ()
+    out_dim: int = 0
+    in_dim: int = 1
 
     @property
     def out_features(self) -> int:
-        return int(_val(self.weight).shape[0])
+        return int(_val(self.weight).shape[self.out_dim])
 
     @property
     def in_features(self) -> int:
-        return int(_val(self.weight).shape[1])
+        return int(_val(self.weight).shape[self.in_dim])
 
     def __repr__(self) -> str:
         return f"Site({self.kind} {self.node.name}: {self.weight.name})"
@@ -124,9 +150,53 @@ def _bias_1d(node: Any, params: Params) -> bool:
     return params.is_weight(node) and _val(node) is not None and _val(node).dim() == 1
 
 
+#: Grouped matmuls ``(x[S, in], W[E, in, out], offsets[E]) -> [S, out]``, by schema name.
+GROUPED_MM = {"aten::_grouped_mm", "transformers::grouped_mm_fallback"}
+_THROUGH = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.clone.default,
+            aten.contiguous.default, aten.alias.default}  # fmt: skip
+
+
+def is_grouped_mm(op: Any) -> bool:
+    """Whether ``op`` is a grouped matmul: one of :data:`GROUPED_MM`, or an op named like one."""
+    name = getattr(getattr(op, "_schema", None), "name", "")
+    return name in GROUPED_MM or name.endswith("grouped_mm") or name.endswith("grouped_mm_fallback")
+
+
+def _stacked_weight(node: Any, params: Params) -> tuple[fx.Node, tuple, bool] | None:
+    """``(W, path, transposed)`` when ``node`` is a 3-D weight, maybe transposed (last two
+    dims) or cast on its way."""
+    path: list[fx.Node] = []
+    transposed = False
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        op = target_of(node)
+        swap = (op is aten.transpose.int and sorted(d % 3 for d in node.args[1:3]) == [1, 2]) or (
+            op is aten.permute.default and [d % 3 for d in node.args[1]] == [0, 2, 1]
+        )
+        if swap:
+            transposed = not transposed
+        elif op not in _THROUGH:
+            return None
+        path.insert(0, node)
+        node = node.args[0]
+    if not params.is_weight(node) or _val(node) is None or _val(node).dim() != 3:
+        return None
+    return node, tuple(path), transposed
+
+
 def _site(node: fx.Node, params: Params) -> Site | None:
     op = target_of(node)
     args = node.args
+    stacked = "grouped" if is_grouped_mm(op) else None
+    if op in (aten.bmm.default, aten.matmul.default):
+        stacked = "batched"
+    if stacked is not None and len(args) >= 2:  # x[S, in] or x[E, T, in] @ W[E, in, out]
+        found = _stacked_weight(args[1], params)
+        x = _val(args[0])
+        rank = 2 if stacked == "grouped" else 3
+        if found is not None and isinstance(x, torch.Tensor) and x.dim() == rank:
+            w, path, transposed = found
+            out_dim, in_dim = (1, 2) if transposed else (2, 1)
+            return Site(stacked, node, args[0], w, None, path, out_dim, in_dim)
     if op is aten.linear.default and _weight_2d(args[1], params):
         bias = args[2] if len(args) > 2 else node.kwargs.get("bias")
         if bias is not None and not _bias_1d(bias, params):

@@ -8,27 +8,50 @@ Python-level calls (Dynamo graphs) are judged by their names: a trailing undersc
 (``add_``), ``operator.setitem``, ``inplace=True`` or ``out=`` write; a list of view-making
 names alias.
 
-The analysis is a snapshot of the graph: rebuild it after changing the graph.
+Schemas only say what *may* alias: ``reshape``, ``flatten``, ``contiguous`` and ``to`` return
+``Tensor(a)`` but copy when the input's layout asks for it (a reshape of an ``expand`` does).
+:func:`node_memory` decides what a node actually does — a view (no kernel, its result is its
+input's memory), a copy or other kernel (fresh memory), an in-place write, or unknown —
+from values: a traced ``meta['val']`` that shares storage with an input's is a view; else
+torch's own kernel on meta tensors of the input's layout decides
+(:func:`fxpass.fxutil.views.returns_view`); where neither can tell (no value, symbolic
+strides), it is assumed to be a kernel whose result may also share its input's memory.
+:func:`is_kernel` is the question multi-stream scheduling, its checker and its cost model ask.
+
+>>> node_memory(reshape_of_expand)                 # doctest: +SKIP
+NodeMemory(kind='copy', shares=(), fresh=True)
+
+:class:`AliasInfo` is a snapshot of the graph (by the schemas: what *may* alias): rebuild it
+after changing the graph, or tell it what changed — :meth:`AliasInfo.forget` a node that
+went, :meth:`AliasInfo.replace` a value whose uses now read another (the analysis manager
+does this for each change made through the editor, see :mod:`fxpass.core.analyses`).
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.fx import is_erased
 from ..fxutil.values import node_val
+from ..fxutil.views import always_view, returns_view, shares_storage
+from ..ops.stream import is_stream_op
 
 __all__ = [
     "FUNCTIONAL_HOPS",
     "AliasInfo",
+    "NodeMemory",
     "aliased_args",
     "hop_name",
+    "is_kernel",
     "lay_out_args",
+    "node_memory",
     "nodes_in",
     "op_schema",
     "write_slots",
@@ -153,10 +176,17 @@ def _alias_slots(op: torch._ops.OpOverload) -> _Slots:
     for ret in schema.returns:
         if ret.alias_info is not None:
             sets |= set(ret.alias_info.after_set) | set(ret.alias_info.before_set)
+    # ``Tensor(a -> *) self ... -> Tensor(a)[]`` (split, unbind): the list's elements alias
+    # ``self``; torch's Python binding shows the list's own (empty) alias sets, and the
+    # argument's flow into the wildcard set
     return tuple(
         (i, a.name, a.kwarg_only)
         for i, a in enumerate(schema.arguments)
-        if sets and a.alias_info is not None and sets & set(a.alias_info.before_set)
+        if a.alias_info is not None
+        and (
+            (sets and sets & set(a.alias_info.before_set))
+            or (not a.alias_info.is_write and "*" in a.alias_info.after_set)
+        )
     )
 
 
@@ -229,6 +259,112 @@ def aliased_args(node: fx.Node) -> list[fx.Node]:
     return []
 
 
+# ----- what a node actually does, decided from values ----------------------------------------
+_aten = torch.ops.aten
+_HOST_OPS = frozenset(  # sizes and metadata checks: the host answers, no kernel runs
+    {
+        _aten.sym_size.int,
+        _aten.sym_stride.int,
+        _aten.sym_numel.default,
+        _aten.sym_storage_offset.default,
+        _aten._assert_tensor_metadata.default,
+        _aten._assert_scalar.default,
+    }
+)
+_KERNELS = frozenset({"copy", "kernel", "in_place", "unknown"})
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """What one node does with memory.
+
+    ``kind``: ``"view"`` (its result is (part of) an input's memory; no kernel runs),
+    ``"copy"`` (an op that may alias copies for this layout), ``"kernel"`` (fresh memory),
+    ``"in_place"`` (writes an input), ``"unknown"`` (a kernel whose result may also share its
+    input's memory), ``"none"`` (inputs, outputs, stream ops, ``getitem``, sizes and
+    checks: no kernel). ``shares``: the inputs whose memory the result shares. ``fresh``:
+    whether the result has memory of its own, written by this node's kernel.
+    """
+
+    kind: str
+    shares: tuple[fx.Node, ...] = ()
+    fresh: bool = False
+
+    @property
+    def kernel(self) -> bool:
+        """Does the node launch work on the current stream?"""
+        return self.kind in _KERNELS
+
+
+_NONE = NodeMemory("none")
+
+
+def _tensorish(val: Any) -> bool:
+    if val is None:
+        return True  # unknown: assume the worst
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in val)
+    return False
+
+
+def _shares_with(node: fx.Node, inputs: list[fx.Node]) -> list[fx.Node]:
+    """The ``inputs`` whose traced value shares storage with ``node``'s (fake tensors keep
+    aliasing); empty where there are no values."""
+    val = node_val(node)
+    outs = val if isinstance(val, (list, tuple)) else [val]
+    outs = [o for o in outs if isinstance(o, torch.Tensor)]
+    return [i for i in inputs if any(shares_storage(o, node_val(i)) for o in outs)]
+
+
+def _example(value: Any) -> Any:
+    """A node's example value in an argument (the node itself where it has none)."""
+    return fx.node.map_arg(value, lambda n: n if node_val(n) is None else node_val(n))
+
+
+def node_memory(node: fx.Node) -> NodeMemory:
+    """What ``node`` does with memory (see :class:`NodeMemory`), decided from values: its
+    traced value sharing an input's storage, torch's kernels on meta tensors of its inputs'
+    layouts, the op's schema; where none of them can tell, a kernel that may alias."""
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return _NONE
+    if is_stream_op(node) or node.target is operator.getitem or node.target in _HOST_OPS:
+        return _NONE
+    inputs = node.all_input_nodes
+    if not _tensorish(node_val(node)) and not any(_tensorish(node_val(i)) for i in inputs):
+        return _NONE  # arithmetic on sizes
+    schema = op_schema(node)
+    may = aliased_args(node)
+    if written_args(node):
+        return NodeMemory("in_place", tuple(may), fresh=schema is None)
+    opaque = node.op == "call_module" or hop_name(node) is not None
+    if not may:
+        shared = _shares_with(node, inputs) if schema is not None else []
+        return NodeMemory("view", tuple(shared)) if shared else NodeMemory("kernel", fresh=True)
+    if opaque:
+        return NodeMemory("unknown", tuple(may), fresh=True)
+    if _shares_with(node, may):
+        return NodeMemory("view", tuple(may))
+    if schema is not None:
+        op = aten_op(node.target)
+        view = (
+            True
+            if always_view(op)
+            else returns_view(op, _example(node.args), _example(node.kwargs))
+        )
+        if view is not None:
+            return NodeMemory("view", tuple(may)) if view else NodeMemory("copy", fresh=True)
+    return NodeMemory("unknown", tuple(may), fresh=True)
+
+
+def is_kernel(node: fx.Node) -> bool:
+    """Does ``node`` launch work on the current stream? Not: inputs, outputs, stream ops,
+    ``getitem``, sizes and metadata checks, and views — decided from values, so a
+    ``reshape`` that copies (of an ``expand``, a transpose) *is* a kernel."""
+    return node_memory(node).kernel
+
+
 class AliasInfo:
     """Memory facts about one graph: each node's storage roots, who writes them, and when.
 
@@ -257,6 +393,46 @@ class AliasInfo:
                 self.written_by[node] = written
             if node.op == "output":
                 self.output = node
+
+    def forget(self, node: fx.Node) -> None:
+        """Drop a node nothing uses (erased, or about to be): no other value shares its
+        memory through it, and a write it made is gone with it."""
+        for r in self._roots.pop(node, ()):
+            holders = self._by_root.get(r)
+            if holders is not None and node in holders:
+                holders.remove(node)
+        self._by_root.pop(node, None)
+        self.pos.pop(node, None)
+        self.written_by.pop(node, None)
+        if self.output is node:
+            self.output = None
+
+    def replace(self, old: fx.Node, new: fx.Node) -> bool:
+        """Take in that ``old``'s users now read ``new`` (and ``old`` may be erased): the
+        values that shared ``old``'s memory through those uses, and the writes into them,
+        now reach ``new``'s. False when either node is not in the snapshot (rebuild it)."""
+        if old not in self.pos or new not in self.pos:
+            return False
+        affected = sorted(
+            (a for a in self._by_root.get(old, ()) if a is not old), key=self.pos.__getitem__
+        )
+        for a in affected:  # bases before their views: graph order
+            roots = {a}
+            for base in aliased_args(a):
+                roots |= self._roots.get(base, {base})
+            was = self._roots[a]
+            for r in was - roots:
+                self._by_root[r].remove(a)
+            for r in roots - was:
+                self._by_root.setdefault(r, []).append(a)
+            self._roots[a] = frozenset(roots)
+        for writer, written in list(self.written_by.items()):
+            if old in written and writer is not old:
+                args = written_args(writer)
+                self.written_by[writer] = frozenset().union(*(self.roots(w) for w in args))
+        if is_erased(old):
+            self.forget(old)
+        return True
 
     def roots(self, node: Any) -> frozenset[fx.Node]:
         """The nodes whose memory ``node``'s value may share (itself included)."""

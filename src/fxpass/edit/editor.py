@@ -7,6 +7,12 @@ gives new nodes the provenance of the nodes they stand for (:meth:`Editor.mark_n
 Rewriter, the library passes and ``InterpreterPass`` all edit through it; outside a
 pipeline run every change is allowed and nobody is told.
 
+Who listens is an :class:`EditListener`: anything with ``allow()``, ``notify(event)`` and
+``pass_path`` (the names of the passes now running). A pipeline run's
+:class:`~fxpass.PassContext` is one; while the run is active it is the one :func:`listening`
+installed, and ``ctx.editor`` is an editor bound to it. The editor sits below the pass
+infrastructure: it knows the listener's shape, not the pipeline.
+
 >>> editor = Editor(pass_name="my_pass")        # doctest: +SKIP
 >>> if editor.allow():                          # doctest: +SKIP
 ...     editor.replace_all_uses(old, new, "my_rule")
@@ -14,33 +20,104 @@ pipeline run every change is allowed and nobody is told.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from torch import fx
 
-from ..core.context import ChangeEvent, PassContext, current_context
 from .location import caller_location, file_line
 from .provenance import COPIED_META, node_sources, provenance_record
 
-__all__ = ["Editor", "allow", "erase", "new_node_meta", "notify", "replace_all_uses"]
+__all__ = [
+    "ChangeEvent",
+    "EditListener",
+    "Editor",
+    "active_listener",
+    "allow",
+    "erase",
+    "listening",
+    "new_node_meta",
+    "notify",
+    "replace_all_uses",
+]
 
 _CURRENT: Any = object()
 _NO_VALUE: Any = object()
 
 
+@dataclass
+class ChangeEvent:
+    """One change to the graph made through the editor (or reported by a pass).
+
+    ``kind`` is ``"replace"``, ``"insert"``, ``"erase"`` or ``"modify"``; ``rule`` names the
+    rule or pass that made it; ``old`` and ``new`` are the nodes involved; ``index`` is the
+    1-based number of this action in the run (what a ``DebugCounter`` counts).
+    """
+
+    kind: str
+    rule: str
+    old: Sequence[Any] = ()
+    new: Sequence[Any] = ()
+    index: int = 0
+    location: str = ""
+
+
+class EditListener(Protocol):
+    """What an editor reports to: a pipeline run's ``PassContext`` is one."""
+
+    pass_path: list[str]
+
+    def allow(self) -> bool: ...
+
+    def notify(self, event: ChangeEvent) -> None: ...
+
+
+_LISTENER: contextvars.ContextVar[EditListener | None] = contextvars.ContextVar(
+    "fxpass_edit_listener", default=None
+)
+
+
+def active_listener() -> EditListener | None:
+    """The listener edits in this thread report to (the running pipeline's context), or None."""
+    return _LISTENER.get()
+
+
+@contextlib.contextmanager
+def listening(listener: EditListener | None) -> Iterator[None]:
+    """Route the edits made inside the block (by editors made without an explicit listener)
+    to ``listener``; a pipeline run does this for its context."""
+    token = _LISTENER.set(listener)
+    try:
+        yield
+    finally:
+        _LISTENER.reset(token)
+
+
 class Editor:
-    """Edits on behalf of one pass run (``ctx``: the run's context, default the current one;
-    ``pass_name``: recorded in new nodes' provenance, default the running pass)."""
+    """Edits on behalf of one pass run (``ctx``: the listener, default the active one;
+    ``pass_name``: recorded in new nodes' provenance, default the pass running when the edit
+    is made)."""
 
-    __slots__ = ("ctx", "pass_name")
+    __slots__ = ("_name", "ctx")
 
-    def __init__(self, ctx: PassContext | None = _CURRENT, pass_name: str | None = None) -> None:
-        self.ctx = current_context() if ctx is _CURRENT else ctx
-        if pass_name is None:
-            path = self.ctx.pass_path if self.ctx is not None else []
-            pass_name = path[-1] if path else "rewrite"
-        self.pass_name = pass_name
+    def __init__(self, ctx: EditListener | None = _CURRENT, pass_name: str | None = None) -> None:
+        self.ctx = _LISTENER.get() if ctx is _CURRENT else ctx
+        self._name = pass_name
+
+    @property
+    def pass_name(self) -> str:
+        """The pass new nodes' provenance names: the one given, else the running one."""
+        if self._name is not None:
+            return self._name
+        path = self.ctx.pass_path if self.ctx is not None else None
+        return path[-1] if path else "rewrite"
+
+    @pass_name.setter
+    def pass_name(self, name: str | None) -> None:
+        self._name = name
 
     def allow(self) -> bool:
         """May the pass make one more change? (A debug counter may say no.)"""
@@ -92,11 +169,12 @@ class Editor:
     def replace_all_uses(
         self, node: fx.Node, new: fx.Node, rule: str, *, erase_old: bool = True
     ) -> None:
-        """Point every user of ``node`` at ``new`` and (by default) erase ``node``."""
+        """Point every user of ``node`` at ``new`` and (by default) erase ``node``; the run
+        is told once both are done."""
         node.replace_all_uses_with(new)
-        self.notify("replace", rule, [node], [new])
         if erase_old and not node.users:
             node.graph.erase_node(node)
+        self.notify("replace", rule, [node], [new])
 
     def erase(self, node: fx.Node, rule: str) -> None:
         """Erase a node that has no users."""

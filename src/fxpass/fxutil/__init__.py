@@ -6,5 +6,7 @@ each: a torch upgrade that renames one changes that file only), :mod:`~fxpass.fx
 (op names to ops and back), :mod:`~fxpass.fxutil.paths` (dotted attribute paths),
 :mod:`~fxpass.fxutil.values` (fake values of nodes and calls), :mod:`~fxpass.fxutil.dialect`
 (ATen and ExecuTorch Edge spellings), :mod:`~fxpass.fxutil.layout` and
-:mod:`~fxpass.fxutil.views` (strides and view ops).
+:mod:`~fxpass.fxutil.views` (strides and view ops); and two plain helpers every package
+shares: :mod:`~fxpass.fxutil.files` (the atomic file write) and
+:mod:`~fxpass.fxutil.messages` (an error in one line).
 """

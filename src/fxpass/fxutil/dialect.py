@@ -159,7 +159,8 @@ def _edge_op(op: torch._ops.OpOverload) -> Any:
         from executorch.exir.dialects._ops import ops as exir_ops
     except ModuleNotFoundError as e:  # pragma: no cover - executorch is in the test extra
         raise ModuleNotFoundError(
-            "emitting Edge-dialect ops needs executorch: pip install 'fxpass[executorch]'"
+            "emitting Edge-dialect ops needs executorch: pip install executorch==1.5.1 (from "
+            "fxpass's checkout: pip install -e '.[executorch]')"
         ) from e
     namespace, rest = op.name().split("::", 1)
     name, _, overload = rest.partition(".")

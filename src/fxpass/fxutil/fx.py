@@ -21,7 +21,7 @@ from torch.fx._lazy_graph_module import (
     _make_graph_module,
     _use_lazy_graph_module,
 )
-from torch.fx.graph import _FindNodesLookupTable
+from torch.fx.graph import _FindNodesLookupTable, _Namespace
 from torch.fx.node import _get_qualified_name, map_arg
 
 __all__ = [
@@ -31,13 +31,17 @@ __all__ = [
     "bind_owner",
     "codegen_of",
     "copy_code_fields",
+    "EXPORTED_META",
+    "copy_sharing_specs",
     "dead_node_eraser",
     "default_node_name",
     "empty_graph_like",
     "graph_end",
+    "graph_stamp",
     "graph_structure",
     "input_nodes",
     "is_erased",
+    "is_exported_graph",
     "is_lazy_module",
     "last_node",
     "lazy_exported_programs",
@@ -49,6 +53,7 @@ __all__ = [
     "own_graph",
     "pytree_info",
     "qualified_name",
+    "relink_as_copied",
     "release_name",
     "rename_node",
     "set_args_kwargs",
@@ -128,18 +133,42 @@ def nodes_after(graph: fx.Graph, mark: fx.Node) -> list[fx.Node]:
     return out
 
 
+#: ``gm.meta`` key the ExportedProgram target sets on the graph module passes run on: an
+#: exported program's IR has no ``call_module``, so a pass that makes submodules must call
+#: them another way (``partition`` then uses ``invoke_subgraph``).
+EXPORTED_META = "fxpass_exported_program"
+
+
+def is_exported_graph(gm: fx.GraphModule) -> bool:
+    """Whether the passes run on the graph of an ExportedProgram (see :data:`EXPORTED_META`)."""
+    return bool(gm.meta.get(EXPORTED_META))
+
+
+def copy_sharing_specs(obj: Any) -> Any:
+    """``copy.deepcopy(obj)``, sharing torch's pytree leaf spec instead of copying it.
+
+    Pytree specs are immutable; copying the leaf spec calls the deprecated ``LeafSpec``
+    constructor (torch >= 2.10 warns ``isinstance(treespec, LeafSpec)`` is deprecated, an
+    error under ``-W error::FutureWarning``). Graphs of exported programs hold specs in their
+    code generator and module call graph."""
+    from torch.utils import _pytree as pytree
+
+    leaf = pytree.treespec_leaf()
+    return copy.deepcopy(obj, {id(leaf): leaf})
+
+
 def empty_graph_like(graph: fx.Graph) -> fx.Graph:
     """An empty graph with ``graph``'s tracer class and code generator (which holds e.g.
     the pytree flattening of an ``ExportedProgram.module()``'s inputs and outputs)."""
     new = fx.Graph(tracer_cls=graph._tracer_cls)
-    new._codegen = copy.deepcopy(graph._codegen)
+    new._codegen = copy_sharing_specs(graph._codegen)
     return new
 
 
 def use_codegen(source: fx.Graph, target: fx.Graph, *, copy_it: bool = False) -> None:
     """Give ``target`` ``source``'s code generator (its own copy with ``copy_it``): the
     pytree flattening of inputs and outputs an ``ExportedProgram.module()`` has."""
-    target._codegen = copy.deepcopy(source._codegen) if copy_it else source._codegen
+    target._codegen = copy_sharing_specs(source._codegen) if copy_it else source._codegen
 
 
 def codegen_of(graph: fx.Graph) -> Any:
@@ -228,9 +257,53 @@ def bind_owner(gm: fx.GraphModule) -> None:
     gm.__dict__["_graph"]._owning_module = gm
 
 
+def graph_stamp(graph: fx.Graph) -> tuple[int, int]:
+    """A constant-time stamp that changes when a node is inserted or erased: the node
+    count and the number of names the graph ever handed out (each new node takes one).
+    Rewiring arguments does not change it (the fingerprint of ``core.snapshot`` sees that)."""
+    return graph._len, len(graph._graph_namespace._used_names)
+
+
 def graph_structure(graph: fx.Graph) -> list[tuple]:
     """Every node with its name, op, target and argument objects, for cheap comparison."""
     return [(n, n.name, n.op, n.target, n._args, n._kwargs) for n in graph.nodes]
+
+
+def relink_as_copied(graph: fx.Graph, order: list[fx.Node]) -> bool:
+    """Put all of ``graph``'s nodes in ``order`` and leave the graph as copying them node by
+    node into a new ``fx.Graph()`` in that order (``Graph.node_copy``) would have made it:
+    each node's users in creation order, a namespace and a ``find_nodes`` table filled in
+    that order, a new graph's tracer and code fields. The nodes stay the same objects.
+
+    False, with nothing changed, when a copy would have renamed a node.
+    """
+    namespace, table = _Namespace(), _FindNodesLookupTable()
+    for n in order:
+        if namespace.create_name(n.name, None) != n.name:
+            return False
+        namespace.associate_name_with_obj(n.name, n)
+        table.insert(n)
+    prev = None
+    for n in order:  # the list: each node right after the one before it
+        if prev is None:
+            first = graph._root._next
+            if first is not n:
+                first.prepend(n)
+        elif prev._next is not n:
+            prev.append(n)
+        prev = n
+    for n in order:  # users: a copy adds each user when it creates it
+        n.users.clear()
+    for n in order:
+        for used in n._input_nodes:
+            used.users[n] = None
+    graph._graph_namespace = namespace
+    graph._find_nodes_lookup_table = table
+    graph._used_names = {}
+    graph._tracer_cls = None
+    graph._tracer_extras = None
+    graph._co_fields = {}
+    return True
 
 
 def _none(_: fx.Node) -> None:

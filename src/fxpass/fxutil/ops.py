@@ -21,6 +21,7 @@ __all__ = [
     "existing_ops",
     "fxpass_norm_ops",
     "op_name",
+    "op_registrar",
     "resolve_op",
     "torch_op",
 ]
@@ -165,3 +166,15 @@ def fxpass_norm_ops() -> list[Any]:
         except (AttributeError, RuntimeError):
             continue
     return out
+
+
+def op_registrar(op: Any) -> str | None:
+    """The Python module that defined the custom op ``op`` (an OpOverload) with
+    ``torch.library.custom_op`` (``fxpass::rms_norm`` -> ``fxpass.ops.norm``), or None
+    (an op of torch's, or one a C++ library registers)."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    name = getattr(op, "_schema", None)
+    opdef = _maybe_get_opdef(name.name) if name is not None else None
+    init = getattr(opdef, "_init_fn", None)
+    return getattr(init, "__module__", None)

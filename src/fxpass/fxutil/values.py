@@ -1,4 +1,4 @@
-"""When two fake values describe the same thing, so an op's fake result can be reused.
+"""Fake values: computing them (one evaluator), comparing them, and reusing an op's result.
 
 An interpreter pass that replaces one node (``add`` -> ``mul`` + ``sub``) hands every node
 downstream a new input value. Running each of them on fake tensors again costs hundreds of
@@ -11,6 +11,8 @@ where the new input has the metadata of the old one, the old ``meta['val']`` sta
 fake result records *which* tensor it aliases, so they are re-run whenever an input is new.
 :class:`FakeResults` remembers what an op computed on inputs with given (static) metadata,
 so the next node running that op on such inputs gets a fresh fake tensor without dispatch.
+:class:`FakeEvaluator` is the one place fxpass runs ops on fake values — with an explicit
+:class:`Strictness` for what happens when it cannot.
 
 >>> import torch
 >>> same_value(torch.empty(2, 3), torch.empty(2, 3)), same_value(torch.empty(2, 3), 4)
@@ -19,15 +21,38 @@ so the next node running that op on such inputs gets a fresh fake tensor without
 
 from __future__ import annotations
 
+import enum
 import functools
+import logging
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.utils import _pytree as pytree
 
-__all__ = ["FakeResults", "fake_value", "node_val", "returns_alias", "same_value"]
+from .messages import error_summary
+
+__all__ = [
+    "FAKE_RESULTS",
+    "FakeEvaluator",
+    "FakeResults",
+    "Strictness",
+    "fake_value",
+    "node_val",
+    "returns_alias",
+    "same_value",
+]
+
+_LOG = logging.getLogger("fxpass.values")
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)
@@ -45,17 +70,17 @@ def _same_sizes(a: Any, b: Any) -> bool:
     return len(a) == len(b) and all(_same_scalar(x, y) for x, y in zip(a, b))
 
 
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _same_tensor(a: torch.Tensor, b: torch.Tensor, grad: bool = True) -> bool:
     if type(a) is not type(b) or a.dtype != b.dtype or a.layout != b.layout:
         return False
     if not (a._has_symbolic_sizes_strides or b._has_symbolic_sizes_strides):
-        return _same_static(a, b)  # the common case, compared in C
+        return _same_static(a, b, grad)  # the common case, compared in C
     ca, cb = getattr(a, "constant", None), getattr(b, "constant", None)
     if (ca is not None or cb is not None) and (  # a constant-folded fake tensor has data too
         ca is None or cb is None or not _same_tensor(ca, cb) or not torch.equal(ca, cb)
     ):
         return False
-    if a.requires_grad != b.requires_grad or a.is_quantized or b.is_quantized:
+    if (grad and a.requires_grad != b.requires_grad) or a.is_quantized or b.is_quantized:
         return False
     device_a = getattr(a, "fake_device", None) or a.device  # FakeTensor.device is slow
     device_b = getattr(b, "fake_device", None) or b.device
@@ -68,8 +93,8 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _same_static(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.requires_grad != b.requires_grad:
+def _same_static(a: torch.Tensor, b: torch.Tensor, grad: bool = True) -> bool:
+    if a.shape != b.shape or (grad and a.requires_grad != b.requires_grad):
         return False
     if a.is_quantized or b.is_quantized:
         return False
@@ -87,20 +112,21 @@ def _same_static(a: torch.Tensor, b: torch.Tensor) -> bool:
     return ca is not None and cb is not None and _same_tensor(ca, cb) and torch.equal(ca, cb)
 
 
-def same_value(new: Any, old: Any) -> bool:
+def same_value(new: Any, old: Any, *, grad: bool = True) -> bool:
     """Whether ``new`` has exactly ``old``'s metadata: for tensors the type, dtype, device,
     layout, sizes, strides and storage offset (and the data of a constant-folded fake
     tensor); for symbolic scalars the same expression;
-    for other scalars equality; element by element for tuples and lists."""
+    for other scalars equality; element by element for tuples and lists. ``grad=False``
+    leaves ``requires_grad`` out (an autograd property, not the value's)."""
     if new is old:
         return True
     if isinstance(new, torch.Tensor):
-        return isinstance(old, torch.Tensor) and _same_tensor(new, old)
+        return isinstance(old, torch.Tensor) and _same_tensor(new, old, grad)
     if isinstance(new, (tuple, list)):
         return (
             type(new) is type(old)
             and len(new) == len(old)
-            and all(same_value(a, b) for a, b in zip(new, old))
+            and all(same_value(a, b, grad=grad) for a, b in zip(new, old))
         )
     if isinstance(new, (*_SYM, *_SCALARS)):
         return _same_scalar(new, old)
@@ -241,12 +267,206 @@ class FakeResults:
         return result
 
 
+#: Fake results by op and input metadata, shared in the process (the evaluator's default).
+FAKE_RESULTS = FakeResults()
+
+
 def node_val(node: Any) -> Any:
     """The example value of a node: ``meta["val"]`` (export, AOT) or ``["example_value"]``."""
     if not isinstance(node, fx.Node):
         return None
     val = node.meta.get("val")
     return node.meta.get("example_value") if val is None else val
+
+
+# ----- running ops on fake values --------------------------------------------------------------
+class Strictness(enum.Enum):
+    """What :class:`FakeEvaluator` does when it cannot compute a value.
+
+    ``RAISE``: every failure raises — an input without an example value is a ``ValueError``
+    naming it, a kernel's own error propagates (with a note naming the op and node).
+    ``DECLINE``: what the fake mode *cannot say* — an input without a value, no fake mode
+    to run in, a data-dependent output, a dynamic output shape, an op without a fake
+    kernel — gives None; any other failure (a kernel rejecting its inputs) raises.
+    ``LENIENT``: every failure gives None; the reason is kept in ``failures`` and logged
+    (``fxpass.values``, debug level).
+    """
+
+    RAISE = "raise"
+    DECLINE = "decline"
+    LENIENT = "lenient"
+
+
+#: What a fake mode cannot say (not a failure of the op or its inputs).
+CANNOT_SAY = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    UnsupportedOperatorException,
+)
+
+
+class _CannotSay(Exception):
+    pass
+
+
+def _fake_mode_of(values: Any) -> Any:
+    return detect_fake_mode([v for v in pytree.tree_leaves(values) if _is_fake(v)])
+
+
+def _is_fake(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and getattr(v, "fake_mode", None) is not None
+
+
+class FakeEvaluator:
+    """Runs ops on fake values: what a node would produce, without real data.
+
+    ``mode``: the fake tensor mode to run in; None finds it from the values of each call
+    (and, with ``new_mode``, falls back to a fresh permissive mode, else cannot say).
+    ``strictness``: see :class:`Strictness`. ``cache``: results by op and input metadata
+    (:class:`FakeResults`, shared in the process by default; None: always dispatch).
+    ``owner``: who is asking, for notes and logs.
+
+    >>> ev = FakeEvaluator(strictness="decline")                # doctest: +SKIP
+    >>> ev.rerun(node)                                          # doctest: +SKIP
+    >>> ev.run(torch.ops.aten.mul.Tensor, (a_val, 2.0))         # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        mode: Any = None,
+        *,
+        strictness: Strictness | str = Strictness.RAISE,
+        cache: FakeResults | None = FAKE_RESULTS,
+        new_mode: bool = True,
+        owner: str = "fxpass",
+    ) -> None:
+        self.mode = mode
+        self.strictness = Strictness(strictness)
+        self.cache = cache
+        self.new_mode = new_mode
+        self.owner = owner
+        #: why the latest computations gave None (``LENIENT`` and ``DECLINE``), one line each
+        self.failures: deque[str] = deque(maxlen=64)
+
+    @classmethod
+    def for_graph(cls, graph: fx.Graph | fx.GraphModule, **kw: Any) -> FakeEvaluator:
+        """An evaluator in the fake mode of ``graph``'s example values (a fresh permissive
+        mode when they have none)."""
+        graph = graph.graph if isinstance(graph, fx.GraphModule) else graph
+        vals = [node_val(n) for n in graph.nodes if n.op in ("placeholder", "get_attr")]
+        mode = _fake_mode_of(vals) or _fake_mode_of([node_val(n) for n in graph.nodes])
+        return cls(mode or FakeTensorMode(allow_non_fake_inputs=True), **kw)
+
+    def fake(self, value: Any) -> Any:
+        """``value`` with its real tensors made fake in this evaluator's mode."""
+        mode = self.mode
+
+        def convert(v: Any) -> Any:
+            if isinstance(v, torch.Tensor) and not _is_fake(v):
+                return mode.from_tensor(v, static_shapes=True)
+            return v
+
+        return value if mode is None else pytree.tree_map(convert, value)
+
+    def run(
+        self,
+        target: Any,
+        args: Any = (),
+        kwargs: Any = None,
+        *,
+        kind: str = "call_function",
+        node: fx.Node | None = None,
+        like: Any = None,
+        call: Callable[[Any, Any, Any], Any] | None = None,
+    ) -> Any:
+        """``target(*args, **kwargs)`` on fake values (``kind`` ``call_method``: a method of
+        ``args[0]``). ``node`` names the node it is for, in notes; ``like`` helps find the
+        fake mode of a call without tensor arguments; ``call(target, args, kwargs)`` runs
+        it instead (inside a mode the caller manages) — the cache and strictness still
+        apply."""
+        kwargs = {} if kwargs is None else kwargs
+        cache = self.cache if kind == "call_function" else None
+        try:
+            mode = self._mode_for(args, kwargs, like) if call is None else self.mode
+            if cache is not None:
+                hit = cache.get(target, args, kwargs, mode)
+                if hit is not None:
+                    return hit
+            if call is not None:
+                out = call(target, args, kwargs)
+            else:
+                with mode:
+                    if kind == "call_method":
+                        out = getattr(args[0], target)(*args[1:], **kwargs)
+                    else:
+                        out = target(*args, **kwargs)
+        except Exception as e:  # broad: _failed raises it, or records it as the strictness says
+            return self._failed(e, target, node)
+        return cache.put(target, args, kwargs, out) if cache is not None else out
+
+    def run_on_nodes(
+        self,
+        target: Any,
+        args: Any,
+        kwargs: Any = None,
+        *,
+        kind: str = "call_function",
+        node: fx.Node | None = None,
+        like: Any = None,
+        value: Callable[[fx.Node], Any] = node_val,
+    ) -> Any:
+        """Like :meth:`run` on arguments holding nodes: each node stands for its example
+        value (``value(node)``; None when it has none, which cannot say)."""
+        missing: list[fx.Node] = []
+
+        def val(n: fx.Node) -> Any:
+            v = value(n)
+            if v is None:
+                missing.append(n)
+            return v
+
+        fargs, fkwargs = fx.node.map_arg((args, kwargs or {}), val)
+        if missing:
+            names = ", ".join(f"'{n.name}'" for n in missing)
+            problem = ValueError(f"no example value (meta['val']) for the input(s) {names}")
+            return self._failed(problem, target, node, cannot_say=True)
+        return self.run(target, fargs, fkwargs, kind=kind, node=node, like=like)
+
+    def rerun(self, node: fx.Node, value: Callable[[fx.Node], Any] = node_val) -> Any:
+        """What ``node``'s op gives on its inputs' example values now."""
+        kind = "call_method" if node.op == "call_method" else "call_function"
+        return self.run_on_nodes(
+            node.target, node.args, node.kwargs, kind=kind, node=node, value=value
+        )
+
+    # ----- helpers --------------------------------------------------------------------------
+    def _mode_for(self, args: Any, kwargs: Any, like: Any) -> Any:
+        if self.mode is not None:
+            return self.mode
+        try:
+            mode = detect_fake_mode((args, kwargs, like))
+        except AssertionError as e:  # example values from different fake modes
+            raise ValueError(f"the arguments come from different fake modes: {e}") from None
+        if mode is None:
+            if not self.new_mode:
+                raise _CannotSay("no fake tensor mode among the arguments")
+            mode = self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        return mode
+
+    def _failed(self, e: Exception, target: Any, node: fx.Node | None, cannot_say=False) -> Any:
+        where = f" for %{node.name}" if node is not None else ""
+        cannot_say = cannot_say or isinstance(e, (_CannotSay, *CANNOT_SAY))
+        if self.strictness is Strictness.RAISE or (
+            self.strictness is Strictness.DECLINE and not cannot_say
+        ):
+            if isinstance(e, _CannotSay):
+                raise ValueError(f"{self.owner}: cannot run {target} on fake values{where}: {e}")
+            e.add_note(f"({self.owner}: while running {target} on fake values{where})")
+            raise e
+        line = f"{target}{where}: {error_summary(e)}"
+        self.failures.append(line)
+        _LOG.debug("%s: no fake value: %s", self.owner, line)
+        return None
 
 
 def fake_value(
@@ -262,36 +482,10 @@ def fake_value(
     """What ``target(*args, **kwargs)`` would return, computed on the nodes' example values
     in their fake mode (or ``like``'s, for calls without tensor arguments; or in ``mode``
     when one is given); None when an argument has no example value or the call fails —
-    with ``strict``, those failures raise instead."""
-    missing = []
-
-    def val(n: fx.Node) -> Any:
-        v = node_val(n)
-        if v is None:
-            missing.append(n)
-        return v
-
-    fargs, fkwargs = fx.node.map_arg((args, kwargs), val)
-    if missing:
-        if strict:
-            names = ", ".join(f"'{n.name}'" for n in missing)
-            raise ValueError(f"no example value (meta['val']) for the input(s) {names}")
-        return None
-    if mode is None:
-        try:
-            mode = detect_fake_mode((fargs, fkwargs, like))
-        except AssertionError:  # example values from different fake modes
-            if strict:
-                raise
-            return None
-    if mode is None:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-    try:
-        with mode:
-            if method:
-                return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
-            return target(*fargs, **fkwargs)
-    except Exception:  # an op the fake mode cannot run: the caller leaves the node alone
-        if strict:
-            raise
-        return None
+    with ``strict``, those failures raise instead (:class:`FakeEvaluator` with
+    ``Strictness.RAISE`` or ``LENIENT``)."""
+    evaluator = FakeEvaluator(
+        mode, strictness=Strictness.RAISE if strict else Strictness.LENIENT, cache=None
+    )
+    kind = "call_method" if method else "call_function"
+    return evaluator.run_on_nodes(target, args, kwargs, kind=kind, like=like)

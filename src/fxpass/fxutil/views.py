@@ -15,6 +15,17 @@ input).
 dimension) asks of a shape-only op between it and its input: does every row of the result
 (its values along the last dimension) equal a row of the input? Then the row-wise op
 commutes with it: ``norm(view(x)) == view(norm(x))``.
+
+:func:`returns_view` answers what a multi-stream schedule asks of ``reshape``, ``flatten``,
+``contiguous``, ``to``, ``view_as``...: their schemas say the result *may* alias the input,
+but whether it does depends on the input's layout. torch's own kernels decide, run on meta
+tensors laid out like the example values (no data, a few microseconds, cached):
+
+>>> x = torch.empty(2, 4, 1, 8).expand(2, 4, 3, 8)           # stride 0: a broadcast
+>>> returns_view(torch.ops.aten.reshape.default, (x, [2, 12, 8]))   # must copy
+False
+>>> returns_view(torch.ops.aten.reshape.default, (torch.empty(2, 4, 8), [8, 8]))
+True
 """
 
 from __future__ import annotations
@@ -27,7 +38,15 @@ from torch import fx
 
 from .dialect import aten_op
 
-__all__ = ["copy_variant", "keeps_rows", "view_base_name", "view_variant"]
+__all__ = [
+    "always_view",
+    "copy_variant",
+    "keeps_rows",
+    "returns_view",
+    "shares_storage",
+    "view_base_name",
+    "view_variant",
+]
 
 aten = torch.ops.aten
 
@@ -164,3 +183,98 @@ def keeps_rows(node: fx.Node) -> bool:
         return n0 is not None and n1 is not None and last not in (n0, n1)
     dim = _norm_dim(_arg(node, 1, "dim", 0), src.dim())  # slice, narrow, select
     return dim is not None and dim != last
+
+
+# ----- view or copy ----------------------------------------------------------------------------
+def always_view(op: Any) -> bool:
+    """Whether ``op`` always returns a view of its input, whatever the layout: the ops
+    functionalization pairs with a ``*_copy`` variant (``view``, ``expand``, ``permute``,
+    ``slice``, ``split``, ``alias``...). ``reshape``, ``contiguous`` and ``to`` are not: they
+    copy when the layout asks for it."""
+    return copy_variant(op) is not None
+
+
+def shares_storage(a: Any, b: Any) -> bool:
+    """Whether two tensors (real, fake or meta) live in the same storage. Fake tensors keep
+    aliasing: a traced view's ``meta['val']`` shares its base's storage."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # sparse, nested, functional wrappers
+        return False
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for an example argument: a tensor by its (static) layout."""
+    if isinstance(value, torch.Tensor):
+        sizes, strides, offset = tuple(value.shape), value.stride(), value.storage_offset()
+        static = all(type(s) is int for s in (*sizes, *strides, offset))
+        if value.layout != torch.strided or not static:
+            raise _Unknown
+        device = getattr(value, "fake_device", None) or value.device
+        return ("tensor", sizes, strides, offset, value.dtype, device)
+    if isinstance(value, (list, tuple)):  # fx's immutable_list too
+        return ("list" if isinstance(value, list) else "tuple", *(_key(v) for v in value))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, fx.Node)):
+        raise _Unknown
+    hash(value)
+    return ("const", value)
+
+
+def _rebuild(key: tuple, devices: set) -> Any:
+    """The argument ``key`` stands for, tensors as empty meta tensors of the same layout."""
+    kind = key[0]
+    if kind == "tensor":
+        _, sizes, strides, offset, dtype, device = key
+        devices.add(device)
+        extent = 1 + sum((n - 1) * st for n, st in zip(sizes, strides)) if all(sizes) else 0
+        base = torch.empty(offset + extent, dtype=dtype, device="meta")
+        return base.as_strided(sizes, strides, offset)
+    if kind in ("list", "tuple"):
+        items = [_rebuild(k, devices) for k in key[1:]]
+        return items if kind == "list" else tuple(items)
+    return key[1]
+
+
+def returns_view(op: Any, args: tuple = (), kwargs: dict | None = None) -> bool | None:
+    """Whether ``op`` called on tensors laid out like the example values in ``args`` and
+    ``kwargs`` returns a view of (or the very) first tensor argument: True (a view, no
+    kernel), False (a copy into fresh memory), None where it cannot be told (symbolic sizes,
+    an argument without a value, an op meta tensors cannot run). torch's own kernels decide,
+    on meta tensors; a move to another device always copies."""
+    try:
+        key = (_key(tuple(args)), _key(tuple(sorted((kwargs or {}).items()))))
+    except (_Unknown, TypeError):
+        return None
+    return _returns_view(aten_op(op), *key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _returns_view(op: Any, args_key: tuple, kwargs_key: tuple) -> bool | None:
+    devices: set = set()
+    args, kwargs = _rebuild(args_key, devices), dict(_rebuild(kwargs_key, devices))
+    values = (*args, *kwargs.values())
+    first = next((a for a in values if isinstance(a, torch.Tensor)), None)
+    if first is None or len(devices) != 1:
+        return None
+    (home,) = devices
+    if any(isinstance(v, torch.device) and v != home for v in values):
+        return False  # a move to another device copies
+    meta = torch.device("meta")
+    args = tuple(meta if isinstance(a, torch.device) else a for a in args)
+    kwargs = {k: meta if isinstance(v, torch.device) else v for k, v in kwargs.items()}
+    try:
+        out = op(*args, **kwargs)
+    except Exception:  # broad: the op refuses this layout, or has no meta kernel: cannot tell
+        return None
+    outs = [
+        o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, torch.Tensor)
+    ]
+    if not outs:
+        return None
+    return all(shares_storage(o, first) for o in outs)

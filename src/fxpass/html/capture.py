@@ -209,7 +209,7 @@ def _details(name: str, s: tuple, status: str) -> dict[str, Any]:
         lines = [ln.strip() for ln in str(s[_STACK]).strip().splitlines() if ln.strip()]
         d["stack"] = " / ".join(lines[-2:])
     if s[_MODULE]:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # broad: an odd nn_module_stack: no module shown
             d["module"] = list(s[_MODULE].values())[-1][0]
     return d
 
@@ -256,7 +256,7 @@ def _same_args(x: tuple, y: tuple, rename: dict[str, str]) -> tuple[bool, bool]:
         same = _norm(x[_ARGS], {}) == _norm(y[_ARGS], rename) and _norm(x[_KWARGS], {}) == _norm(
             y[_KWARGS], rename
         )
-    except Exception:
+    except Exception:  # broad: arguments that cannot be compared (tensors) are not the same
         same = False
     if same:
         return same_op, True
@@ -276,7 +276,7 @@ def _literals(s: tuple) -> Any:
 
     try:
         return strip(s[_ARGS]), tuple((k, strip(v)) for k, v in (s[_KWARGS] or {}).items())
-    except Exception:
+    except Exception:  # broad: arguments that cannot be read: compared as unknown (None)
         return None
 
 

@@ -18,11 +18,11 @@ import datetime as _dt
 import html
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..fxutil.files import write_atomic
 from .capture import Hunk, PassChange
 from .lanes import render_lanes
 from .svg import render_svg
@@ -391,15 +391,4 @@ def write_html(path: str | os.PathLike, document: str) -> Path:
     """Write ``document`` to ``path`` atomically (a temporary file renamed into place)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(document)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, document)

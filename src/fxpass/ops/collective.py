@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .norm import _check_norm, _check_residual
+from .norm import _check_norm, _check_residual, _fused_add_rmsnorm_decomposed
+from .portable import decomposes
 
 __all__ = ["all_reduce_add_rmsnorm"]
 
@@ -75,3 +76,12 @@ def _(x, residual, weight, eps, weight_offset, group_name):
     _check_group(group_name)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return out, torch.empty_like(out)
+
+
+@decomposes(all_reduce_add_rmsnorm)
+def _all_reduce_add_rmsnorm_decomposed(x, residual, weight, eps, weight_offset, group_name):
+    """The functional all-reduce, its wait, then the residual add and RMSNorm in ATen."""
+    c10d = torch.ops._c10d_functional
+    reduced = c10d.wait_tensor(c10d.all_reduce(x, "sum", group_name))
+    normed, total = _fused_add_rmsnorm_decomposed(reduced, residual, weight, eps, weight_offset)
+    return normed.contiguous(), total.contiguous()

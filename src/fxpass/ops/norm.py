@@ -14,7 +14,8 @@ op                                 schema
 =================================  ==========================================================
 
 Each op has a fake kernel (shapes, dtypes and strides, so torch.export, AOTAutograd and
-Dynamo trace through it), a reference kernel (:mod:`fxpass.ops.reference`, every device; on CPU
+Dynamo trace through it), a decomposition into torch's own ops (at the end of this file; what
+``fxpass run --portable`` writes, see :mod:`fxpass.ops.portable`), a reference kernel (:mod:`fxpass.ops.reference`, every device; on CPU
 ATen's fused ``rms_norm`` where it computes the same thing) and, on
 CUDA, a Triton kernel (:mod:`fxpass.ops._triton_norm`) picked at run time when Triton is
 installed and the dtype is float16, bfloat16 or float32. The out-of-place ops are
@@ -39,6 +40,7 @@ from torch import Tensor
 
 from ..fxutil.layout import elementwise_strides, empty_elementwise, in_layout
 from . import reference
+from .portable import decomposes
 
 __all__ = [
     "fused_add_rmsnorm",
@@ -362,3 +364,37 @@ def _backward_quant(ctx, grad_quantized, grad_total):
 rms_norm.register_autograd(_backward_rms_norm, setup_context=_setup_rms_norm)
 fused_add_rmsnorm.register_autograd(_backward_fused_add, setup_context=_setup_fused_add)
 fused_add_rmsnorm_quant.register_autograd(_backward_quant, setup_context=_setup_quant)
+
+
+# ----- decompositions: each op in torch's own ops (fxpass run --portable) -----------------
+def _rms_norm_aten(x: Tensor, weight: Tensor, eps: float, weight_offset: float) -> Tensor:
+    acc = reference._acc_dtype(x)
+    h = x.to(acc)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    w = weight.to(acc) + weight_offset if weight_offset else weight.to(acc)
+    return (h * w).to(x.dtype)
+
+
+@decomposes(rms_norm)
+def _rms_norm_decomposed(x, weight, eps, weight_offset=0.0):
+    return _rms_norm_aten(x, weight, eps, weight_offset)
+
+
+@decomposes(fused_add_rmsnorm)
+def _fused_add_rmsnorm_decomposed(x, residual, weight, eps, weight_offset=0.0):
+    total = (x + residual).to(x.dtype)
+    return _rms_norm_aten(total, weight, eps, weight_offset), total
+
+
+@decomposes(fused_add_rmsnorm_quant)
+def _fused_add_rmsnorm_quant_decomposed(x, residual, weight, scale, eps, weight_offset=0.0):
+    normed, total = _fused_add_rmsnorm_decomposed(x, residual, weight, eps, weight_offset)
+    q = torch.clamp(torch.round(normed.float() / scale.reshape(())), -128, 127)
+    return q.to(torch.int8), total
+
+
+@decomposes(fused_add_rmsnorm_)
+def _fused_add_rmsnorm__decomposed(x, residual, weight, eps, weight_offset=0.0):
+    normed, total = _fused_add_rmsnorm_decomposed(x, residual, weight, eps, weight_offset)
+    residual.copy_(total)
+    x.copy_(normed)

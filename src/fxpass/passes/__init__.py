@@ -5,6 +5,7 @@ from . import (  # noqa: F401  (registration side effects)
     default,
     functional,
     fusion,
+    lower_fused_ops,
     partition,
     repair,
 )

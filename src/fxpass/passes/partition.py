@@ -3,7 +3,8 @@
 The last step of a lowering pipeline for a backend that runs only some ops: the supported
 nodes are grouped into the largest cycle-free partitions
 (:func:`~fxpass.partition.capability_partitions`) and each partition becomes one call of a
-submodule (:func:`~fxpass.partition.fuse_partitions`)::
+submodule (:func:`~fxpass.partition.fuse_partitions`), called as the graph's IR allows
+(``call_module``, or ``invoke_subgraph`` in an exported program)::
 
     fxpass.Pipeline.parse('remove_assert_ops,partition{support="elementwise | norm"}')
 
@@ -23,6 +24,7 @@ from torch import fx
 
 from ..core.context import ChangeEvent, current_context
 from ..core.registry import _builtin
+from ..fxutil.fx import is_exported_graph
 from ..partition.capability import capability_partitions
 from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
 
@@ -44,7 +46,7 @@ def partition(
     non_compute_ops: list[str] | None = None,
     allowed_single_node_partition_ops: list[str] | None = None,
     horizontal: bool = True,
-    mode: Literal["module", "delegate"] = "module",
+    mode: Literal["auto", "module", "delegate"] = "auto",
     prefix: str = "fused_",
 ) -> bool:
     """Fuse the largest cycle-free partitions of supported ops into submodule calls.
@@ -52,10 +54,14 @@ def partition(
     ``support`` is an operator-support spec (``"elementwise | norm"``,
     ``"ops(aten.mm, aten.add) & dtype(bf16)"``; see :func:`fxpass.partition.parse_support`).
     The other options are :func:`~fxpass.partition.capability_partitions`'s, plus ``mode``:
-    ``module`` (``call_module``) or ``delegate`` (``invoke_subgraph`` on a ``get_attr``,
-    for exported programs, whose IR has no ``call_module``), and ``prefix`` for the new
-    submodules' names. Statistics: ``partitions`` fused and ``nodes`` moved into them.
+    ``module`` (``call_module``), ``delegate`` (``invoke_subgraph`` on a ``get_attr``, what
+    an exported program's IR allows: it has no ``call_module``) or ``auto`` (the default:
+    ``delegate`` on an exported program or ``.pt2`` file, else ``module``), and ``prefix``
+    for the new submodules' names. Statistics: ``partitions`` fused and ``nodes`` moved into
+    them.
     """
+    if mode == "auto":
+        mode = "delegate" if is_exported_graph(gm) else "module"
     parts = capability_partitions(
         gm,
         support,

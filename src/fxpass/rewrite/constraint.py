@@ -55,7 +55,7 @@ def lit_eq(p: Any, v: Any) -> bool:
         return False
     try:
         return bool(p == v)
-    except Exception:
+    except Exception:  # broad: values that cannot be compared (tensors) are not equal
         return False
 
 
@@ -65,7 +65,7 @@ def lit_eq_exact(p: Any, v: Any) -> bool:
         return len(p) == len(v) and all(lit_eq_exact(a, b) for a, b in zip(p, v))
     try:
         return type(p) is type(v) and bool(p == v)
-    except Exception:
+    except Exception:  # broad: values that cannot be compared (tensors) are not equal
         return False
 
 
@@ -100,7 +100,7 @@ class Constraint:
         if self.where is not None:
             try:
                 ok = self.where(what if what is not None else v)
-            except Exception as e:  # a predicate that cannot decide says no
+            except Exception as e:  # broad: reported — a predicate that raises says no, and why
                 return f"predicate {fn_name(self.where)} raised {type(e).__name__}: {e}"
             if not ok:
                 return f"predicate {fn_name(self.where)} is false for {show(v)}"

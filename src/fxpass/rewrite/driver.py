@@ -34,7 +34,7 @@ from ..edit.location import short
 from ..fxutil.dialect import spellings
 from ..fxutil.fx import is_erased, sort_key
 from ._state import MatchState
-from .explain import explain, near_misses
+from .explain import NearMissHint, explain, near_misses, why_nothing
 from .interpret import Interpreter
 from .match import Matcher, RuleStats
 from .reach import Reach
@@ -238,27 +238,6 @@ def _fixpoint(
                 push(u)
 
 
-def _miss_hint(rule: Rule, s: RuleStats, graph: fx.Graph) -> str:
-    """What the report says of a rule that tried many nodes and matched few, if it came
-    close somewhere: the count, one or two near misses and why, and where to look."""
-    misses = near_misses(rule, graph)
-    if not misses:
-        return ""
-    many = f"{len(misses)}{'+' if len(misses) >= 64 else ''}"
-    lines = [
-        f"rule '{rule.name}' was tried at {s.tried} nodes and matched {s.matched}; "
-        f"{many} near miss{'es' if len(misses) != 1 else ''}, e.g."
-    ]
-    for e in misses[:2]:
-        where = f" [at %{e.at.name}]" if e.at is not None and e.at is not e.node else ""
-        lines.append(f"  %{e.node.name}: {e.reason}{where}")
-    lines.append(
-        "  (near miss: the root op and half the pattern or more matched; "
-        f"fxpass.rewrite.explain(rule, gm) says why; rule at {short(rule.location)})"
-    )
-    return "\n".join(lines)
-
-
 def _non_convergence(name: str, limit: int, matcher: Matcher) -> NonConvergenceError:
     busiest = sorted(matcher.stats.items(), key=lambda kv: -kv[1].rewritten)[:3]
     top = ", ".join(f"'{n}' ({s.rewritten} rewrites)" for n, s in busiest if s.rewritten)
@@ -284,9 +263,13 @@ def _report(result: RewriteResult, matcher: Matcher, graph: fx.Graph) -> None:
         for rule in matcher.rules:
             s = result.stats.get(rule.name)
             if s is not None and s.tried >= MANY and s.matched <= FEW * s.tried:
-                hint = _miss_hint(rule, s, graph)
+                hint = NearMissHint(rule, s.tried, s.matched, near_misses(rule, graph))
                 if hint:
                     record.hints.append(hint)
+        if not result.rewrites and matcher.rules:
+            note = why_nothing(matcher.rules, result.stats)
+            if note not in record.notes:  # a fixpoint reruns the pass into the same record
+                record.notes.append(note)
     ctx.stat("rewrites", result.rewrites)
     for name, s in result.stats.items():
         if not s.tried:

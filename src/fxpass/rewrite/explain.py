@@ -14,6 +14,7 @@ cycle. The plain matcher never asks whether it is explaining.
 
 from __future__ import annotations
 
+from collections import UserString
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from torch.fx import Node
 
 from ..edit.location import short
 from ..fxutil.dialect import aten_op
+from ..fxutil.fx import is_erased
 from ..fxutil.views import view_base_name
 from ._state import MISSING, MatchState
 from .constraint import constant_number, fn_name, lit_eq, show
@@ -33,7 +35,15 @@ from .region import Failure, complete, lazy_order
 from .rule import Rule, as_rule
 from .spelling import CAST_OPS, node_key, op_name
 
-__all__ = ["Explainer", "Explanation", "GraphExplanation", "explain", "near_misses"]
+__all__ = [
+    "Explainer",
+    "Explanation",
+    "GraphExplanation",
+    "NearMissHint",
+    "explain",
+    "near_misses",
+    "why_nothing",
+]
 
 
 @dataclass
@@ -183,19 +193,22 @@ def min_ops(p: Pattern) -> int:
     return walk(p)
 
 
-def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explanation]:
+def near_misses(
+    rule: Rule, graph: fx.Graph, *, limit: int = 64, among: Iterable[Node] | None = None
+) -> list[Explanation]:
     """The candidate nodes (those calling the rule's root op) where ``rule`` came close:
     matching got through half of the pattern's ops (the root at least) and then failed
     on a check — an extra user, a literal, a dtype or shape, a name bound twice, ``where``,
     a cycle — or on views or casts in front of an op the rule names (which
-    :meth:`P.through` sees past), not on a graph that simply computes something else. Replays at most ``limit`` unmatched
-    candidates; the deepest misses come first."""
+    :meth:`P.through` sees past), not on a graph that simply computes something else. Replays
+    at most ``limit`` unmatched candidates (only those ``among`` the given nodes, when given);
+    the deepest misses come first."""
     keys = rule.index_keys()
     need = max(1, min_ops(rule.roots[0]) // 2)
     order = lazy_order(graph)
     out: list[Explanation] = []
     replayed = 0
-    for node in graph.nodes:
+    for node in graph.nodes if among is None else among:
         if replayed >= limit:
             break
         if keys is not None and not _may_root(keys, node):
@@ -208,18 +221,93 @@ def near_misses(rule: Rule, graph: fx.Graph, *, limit: int = 64) -> list[Explana
     return out
 
 
+class NearMissHint(UserString):
+    """The report's hint for a rule that matched few of the nodes it tried but came close at
+    some. Read when the report is shown, it asks again at each near miss, on the graph as the
+    later passes left it: a site they fused, or one that is no longer close (Olmo3's rotary
+    ``mul`` after its q/k norm, seen through a view, looked like a norm's until
+    ``fuse_rmsnorm`` fused that norm) is not reported as missed; with none left, the hint is
+    empty and the report leaves it out. It reads as its text (a ``str`` work-alike); copied or
+    pickled, it is that text."""
+
+    def __init__(self, rule: Rule, tried: int, matched: int, misses: list[Explanation]) -> None:
+        self.rule, self.tried, self.matched, self.misses = rule, tried, matched, misses
+
+    def pending(self) -> list[Explanation]:
+        """The near misses that are near misses still, in the graph as it is now."""
+        alive = [e.node for e in self.misses if not is_erased(e.node)]
+        return near_misses(self.rule, alive[0].graph, among=alive) if alive else []
+
+    @property
+    def data(self) -> str:  # what UserString's methods read
+        misses = self.pending()
+        if not misses:
+            return ""
+        many = f"{len(misses)}{'+' if len(self.misses) >= 64 else ''}"
+        lines = [
+            f"rule '{self.rule.name}' was tried at {self.tried} nodes and matched "
+            f"{self.matched}; {many} near miss{'es' if len(misses) != 1 else ''}, e.g."
+        ]
+        for e in misses[:2]:
+            where = f" [at %{e.at.name}]" if e.at is not None and e.at is not e.node else ""
+            lines.append(f"  %{e.node.name}: {e.reason}{where}")
+        lines.append(
+            "  (near miss: the root op and half the pattern or more matched; "
+            f"fxpass.rewrite.explain(rule, gm) says why; rule at {short(self.rule.location)})"
+        )
+        return "\n".join(lines)
+
+    def __reduce__(self) -> Any:
+        return (str, (self.data,))
+
+    def __deepcopy__(self, memo: dict) -> str:
+        return self.data
+
+
+def why_nothing(rules: Iterable[Rule], stats: dict[str, Any]) -> str:
+    """Why a rule set rewrote nothing, rule by rule (``stats``: the matcher's per-rule
+    counts): no node calls the op it starts at, every candidate failed, or the replacement
+    declined every match. What the report notes for a pass that found nothing."""
+    reasons: dict[str, list[str]] = {}
+    for rule in rules:
+        s = stats.get(rule.name)
+        if s is None or not s.tried:
+            why = f"no node calls {_short_ops(rule)}"
+        elif not s.matched:
+            why = f"tried at {s.tried} nodes, none matched"
+        else:
+            why = f"matched {s.matched}, the replacement declined each"
+        reasons.setdefault(why, []).append(f"'{rule.name}'")
+    text = "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())
+    return f"found nothing to rewrite: {text} (fxpass.rewrite.explain(rule, gm) says why)"
+
+
+def _short_ops(rule: Rule) -> str:
+    """The op a rule starts at, aten's spelling first, the others counted."""
+    names = _root_ops(rule).strip("{}").split(", ")
+    names.sort(key=lambda n: (not n.startswith("aten."), n))
+    return names[0] + (f" (or {len(names) - 1} other spellings)" if len(names) > 1 else "")
+
+
+#: How a wrong-op miss says the op the pattern wanted is right there, behind views or casts.
+_BEHIND_VIEWS = "behind views or casts it would match"
+
+
 def _close(e: Explanation, rule: Rule) -> bool:
-    """A miss on a check, or on views and casts in front of an op the rule names."""
+    """A miss on a check, or on views and casts in front of the op the pattern wanted there
+    (not merely some op the rule names: Olmo3's rotary ``mul`` sees its q/k norm's
+    ``rms_norm`` through a view, which is no residual ``add``)."""
     if not e.reason.startswith("wrong op"):
         return True
-    node = e.at
+    return _BEHIND_VIEWS in e.reason
+
+
+def _behind_views(node: Node) -> Node | None:
+    """The node behind the views and casts in front of ``node`` (None when there are none)."""
     hops = 0
     while _in_the_way(node) and hops < 16:
         node, hops = node.args[0], hops + 1
-    if not hops or not isinstance(node, Node) or node.op != "call_function":
-        return False
-    names = {id(t) for p in rule.roots for q in p.walk() if isinstance(q, P) for t in q.fns}
-    return id(node.target) in names or id(aten_op(node.target)) in names
+    return node if hops and isinstance(node, Node) and node.op == "call_function" else None
 
 
 def _in_the_way(node: Any) -> bool:
@@ -410,7 +498,11 @@ def _wrong_op(p: Any, v: Node) -> str:
         have = op_name(v.target) if v.op != "call_module" else f"module {v.target}"
     else:
         have = f"a {v.op}"
-    return f"wrong op: expected {p.describe_ops()}, got {have} (%{v.name})"
+    behind = _behind_views(v)
+    tail = ""
+    if behind is not None and p.accepts(behind):
+        tail = f"; %{behind.name} {_BEHIND_VIEWS} (P.through sees past them)"
+    return f"wrong op: expected {p.describe_ops()}, got {have} (%{v.name}){tail}"
 
 
 _EXPLAINER = Explainer()

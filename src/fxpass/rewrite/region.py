@@ -23,7 +23,7 @@ from .order import TopoOrder, find_cycle
 if TYPE_CHECKING:
     from .rule import Rule
 
-__all__ = ["Failure", "Match", "complete"]
+__all__ = ["Failure", "Match", "complete", "seen_through"]
 
 
 @dataclass
@@ -94,7 +94,7 @@ def complete(rule: Rule, st: MatchState) -> Match | Failure:
     if rule.where is not None:
         try:
             ok = rule.where_holds(env)
-        except Exception as e:
+        except Exception as e:  # broad: reported — a where that raises declines; explain says why
             return Failure("where", None, e)
         if not ok:
             return Failure("where")
@@ -175,3 +175,8 @@ def lazy_order(graph: fx.Graph) -> Callable[[], Any]:
         return box[0]
 
     return get
+
+
+#: :func:`_seen_through` for matchers outside this package that build their own matches
+#: (``fxpass.compat.inductor`` follows Inductor's rules, not :func:`complete`'s).
+seen_through = _seen_through

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..edit.alias import is_kernel
 from ..fxutil.dialect import aten_op
 from ..fxutil.values import node_val
-from ..verify.streams import is_kernel
 
 __all__ = ["CostModel", "node_bytes", "node_flops"]
 

@@ -30,6 +30,8 @@ from torch import fx
 
 from ..core.context import stat
 from ..core.registry import _builtin
+from ..edit.editor import Editor
+from ..edit.memory import Memory
 from ..ops.stream import is_stream_op
 from ..verify.streams import require_safe_streams
 from .cost import CostModel
@@ -80,12 +82,16 @@ def multi_stream(
         kernel_us=kernel_us,
         event_us=event_us,
     )
-    plan = plan_streams(gm, streams=streams, cost=cost, min_gain_us=min_gain_us, side=side or ())
+    memory = Memory(gm.graph)  # what each node does with memory: once, for the whole pass
+    plan = plan_streams(
+        gm, streams=streams, cost=cost, min_gain_us=min_gain_us, side=side or (), memory=memory
+    )
     stat("regions", len(plan.regions))
     stat("regions_split", sum(rp.accepted for rp in plan.regions))
-    if not plan.assignment:
+    editor = Editor()
+    if not plan.assignment or not editor.allow():  # the schedule is one change: all or none
         return False
-    stats = apply_plan(gm, plan)
+    stats = apply_plan(gm, plan, memory=memory, editor=editor)
     stat("side_kernels", stats.side_kernels)
     stat("events", stats.events)
     stat("waits", stats.waits)

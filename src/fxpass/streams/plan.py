@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
-from ..edit.alias import AliasInfo, written_args
+from ..edit.alias import written_args
+from ..edit.memory import Memory
 from .cost import CostModel
 from .regions import Branch, Region, find_regions, is_collective, is_random
 
@@ -114,13 +115,13 @@ class StreamPlan:
 
 
 # ----- one region ----------------------------------------------------------------------------
-def _blocker(branch: Branch, members: set[fx.Node], alias: AliasInfo) -> str:
+def _blocker(branch: Branch, members: set[fx.Node], memory: Memory) -> str:
     """Why this branch must keep its order (in-place writes others may see, effects)."""
     for node in branch.nodes:
         if is_random(node):
             return f"{node.name} draws random numbers"
         written = written_args(node)
-        roots = {r for w in written for r in alias.roots(w)}
+        roots = {r for w in written for r in memory.roots(w)}
         if roots - members:
             outside = sorted(r.name for r in roots - members)
             return f"{node.name} writes {', '.join(outside)} in place"
@@ -144,13 +145,13 @@ def _assign(bps: list[BranchPlan], streams: int) -> list[float]:
 
 
 def _plan_region(
-    region: Region, streams: int, cost: CostModel, min_gain_us: float, alias: AliasInfo
+    region: Region, streams: int, cost: CostModel, min_gain_us: float, memory: Memory
 ) -> RegionPlan:
     bps = [BranchPlan(b, cost.nodes_us(b.nodes)) for b in region.branches]
     rp = RegionPlan(region, bps, serial_us=sum(b.cost_us for b in bps))
     for bp in bps:
         members = set(bp.branch.nodes)
-        blocker = _blocker(bp.branch, members, alias)
+        blocker = _blocker(bp.branch, members, memory)
         if blocker:
             rp.parallel_us, rp.reason = rp.serial_us, f"keeps its order: {blocker}"
             return rp
@@ -171,11 +172,11 @@ def _plan_region(
     return rp
 
 
-def _best(region: Region, streams, cost, min_gain_us, alias) -> list[RegionPlan]:
+def _best(region: Region, streams, cost, min_gain_us, memory) -> list[RegionPlan]:
     """The best of: splitting ``region``, splitting the regions inside it, or both — the
     regions inside its main-stream branches moving work to the side streams' idle time."""
-    rp = _plan_region(region, streams, cost, min_gain_us, alias)
-    inner = [p for child in region.inner for p in _best(child, streams, cost, min_gain_us, alias)]
+    rp = _plan_region(region, streams, cost, min_gain_us, memory)
+    inner = [p for child in region.inner for p in _best(child, streams, cost, min_gain_us, memory)]
     inner_gain = sum(p.gain_us for p in inner)
     if not rp.accepted:
         return [rp, *inner]
@@ -234,12 +235,16 @@ def plan_streams(
     cost: CostModel | None = None,
     min_gain_us: float = 1.0,
     side: Sequence[str] = (),
+    memory: Memory | None = None,
 ) -> StreamPlan:
     """Decide which nodes of ``gm`` run on which of ``streams`` streams (nothing is changed).
 
     >>> print(plan_streams(gm, streams=2))                       # doctest: +SKIP
     multi_stream plan, 2 streams: 2 of 4 regions split, ~23.0 us saved per call (cost model)
       moe at mul_3 -> add_7: routed experts (...) [0] 52.0 us | shared expert (...) [1] ...
+
+    ``memory``: the graph's storage facts (:class:`~fxpass.edit.memory.Memory`), when the
+    caller already has them.
     """
     if not isinstance(streams, int) or isinstance(streams, bool) or streams < 1:
         raise ValueError(
@@ -249,8 +254,8 @@ def plan_streams(
     cost = cost or CostModel()
     plan = StreamPlan(streams)
     if streams > 1:
-        alias = AliasInfo(gm.graph)
+        memory = memory if memory is not None else Memory(gm.graph)
         for region in find_regions(gm):
-            plan.regions += _best(region, streams, cost, min_gain_us, alias)
+            plan.regions += _best(region, streams, cost, min_gain_us, memory)
     plan.marked = _marks(gm.graph, streams, side)
     return plan

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from ..edit.alias import is_kernel
 from ..fxutil.dialect import aten_op
-from ..verify.streams import is_kernel
 
 __all__ = [
     "Branch",

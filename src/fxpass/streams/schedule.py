@@ -29,13 +29,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..verify.streams import _GRAPH_START, _Memory, check_streams, is_kernel
+from ..edit.editor import Editor
+from ..edit.memory import Memory
+from ..verify.happens_before import GRAPH_START, Clock, StreamClocks
+from ..verify.streams import check_streams
 from .plan import StreamPlan
 
 __all__ = ["ScheduleStats", "apply_plan"]
 
 _FX = torch.ops.fxpass
-Clock = dict[int, int]
+_Need = dict[int, tuple[int, "fx.Node | None"]]  # stream -> (tick, the kernel at that tick)
 
 
 @dataclass
@@ -51,8 +54,8 @@ class ScheduleStats:
 
 
 # ----- 1. order ------------------------------------------------------------------------------
-def _priorities(graph: fx.Graph, plan: StreamPlan) -> dict[fx.Node, tuple]:
-    pos = {n: i for i, n in enumerate(graph.nodes)}
+def _priorities(nodes: list[fx.Node], plan: StreamPlan) -> dict[fx.Node, tuple]:
+    pos = {n: i for i, n in enumerate(nodes)}
     key = {n: (i, 0, 0, i) for n, i in pos.items()}
     for rp in plan.regions:
         if not rp.accepted:
@@ -61,19 +64,19 @@ def _priorities(graph: fx.Graph, plan: StreamPlan) -> dict[fx.Node, tuple]:
         for bp in rp.branches:
             for n in bp.branch.nodes:
                 key[n] = (start, 0 if bp.stream else 1, bp.stream, pos[n])
-    for node in reversed(list(graph.nodes)):  # what a branch needs comes when it does
+    for node in reversed(nodes):  # what a branch needs comes when it does
         for user in node.users:
             key[node] = min(key[node], key[user])
     return key
 
 
-def _reorder(graph: fx.Graph, plan: StreamPlan) -> None:
-    key = _priorities(graph, plan)
+def _reorder(graph: fx.Graph, plan: StreamPlan, editor: Editor) -> None:
     nodes = list(graph.nodes)
+    key = _priorities(nodes, plan)
     waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
-    ready = [(key[n], i, n) for i, n in enumerate(nodes) if not waiting[n]]
-    heapq.heapify(ready)
     index = {n: i for i, n in enumerate(nodes)}
+    ready = [(key[n], index[n], n) for n in nodes if not waiting[n]]
+    heapq.heapify(ready)
     order = []
     while ready:
         _, _, node = heapq.heappop(ready)
@@ -86,7 +89,7 @@ def _reorder(graph: fx.Graph, plan: StreamPlan) -> None:
     prev = None
     for node in order:
         if prev is not None and prev.next is not node:
-            prev.append(node)
+            editor.move(node, after=prev, rule="multi_stream.order")
         prev = node
 
 
@@ -102,28 +105,29 @@ class _Record:
 class _Syncs:
     """Walk the reordered graph and insert set_stream / record_event / wait_event."""
 
-    def __init__(self, gm: fx.GraphModule, plan: StreamPlan, stats: ScheduleStats) -> None:
+    def __init__(
+        self, gm: fx.GraphModule, plan: StreamPlan, stats: ScheduleStats, memory: Memory,
+        editor: Editor,
+    ) -> None:  # fmt: skip
         self.graph = gm.graph
         self.stream_of = plan.assignment.get  # absent: stream 0
         self.stats = stats
-        self.mem = _Memory(self.graph)
-        self.cur = 0
-        self.clock: dict[int, Clock] = {0: {0: _GRAPH_START}}
+        self.mem = memory
+        self.editor = editor
+        self.clocks = StreamClocks()
         self.after: dict[fx.Node, Clock] = {}
         self.last: dict[int, fx.Node] = {}
         self.records: dict[int, list[_Record]] = {}
-        self.writes: dict[fx.Node, dict[int, tuple[int, fx.Node | None]]] = {}
-        self.reads: dict[fx.Node, dict[int, tuple[int, fx.Node | None]]] = {}
+        self.writes: dict[fx.Node, _Need] = {}
+        self.reads: dict[fx.Node, _Need] = {}
         self.first_op = next(n for n in self.graph.nodes if n.op != "placeholder")
 
-    def vc(self, stream: int) -> Clock:
-        return self.clock.setdefault(stream, {})
-
-    def insert(self, before: fx.Node, op, args: tuple, stream: int) -> fx.Node:
-        with self.graph.inserting_before(before):
-            node = self.graph.call_function(op, args)
+    def insert(self, op, args: tuple, stream: int, origin: fx.Node, **where) -> fx.Node:
+        name = op._schema.name.split("::")[1]
+        node = self.editor.insert(
+            op, args, rule=f"multi_stream.{name}", origin=[origin], val=None, **where
+        )
         node.meta["stream"] = stream
-        node.meta["val"] = None
         return node
 
     def record_after(self, stream: int, tick: int, writer: fx.Node | None) -> _Record:
@@ -134,117 +138,130 @@ class _Syncs:
             return min(fits, key=lambda r: r.clock.get(stream, 0))
         event = self.stats.events
         self.stats.events += 1
+        args = (event, stream)
         if writer is None:
-            node = self.insert(self.first_op, _FX.record_event.default, (event, stream), stream)
-            clock = {0: _GRAPH_START}
+            node = self.insert(_FX.record_event.default, args, stream, self.first_op,
+                               before=self.first_op)  # fmt: skip
+            clock = {0: GRAPH_START}
         else:
-            with self.graph.inserting_after(writer):
-                node = self.graph.call_function(_FX.record_event.default, (event, stream))
-            node.meta.update(stream=stream, val=None)
+            node = self.insert(_FX.record_event.default, args, stream, writer, after=writer)
             clock = dict(self.after[writer])
         record = _Record(node, event, stream, clock)
         self.records.setdefault(stream, []).append(record)
         return record
 
-    def wait_for(self, needs: dict[int, tuple[int, fx.Node | None]], stream: int, before) -> None:
+    def wait_for(self, needs: _Need, stream: int, before: fx.Node) -> None:
         """Make ``stream`` wait (before ``before``) for each stream's work up to its tick."""
         chosen = [self.record_after(a, t, w) for a, (t, w) in needs.items()]
-        clock = self.vc(stream)
         for rec in sorted(chosen, key=lambda r: -sum(r.clock.values())):
-            if all(clock.get(a, 0) >= t for a, (t, _) in needs.items() if a == rec.stream):
+            tick = needs[rec.stream][0]
+            if self.clocks.covers(stream, rec.stream, tick):
                 continue  # already covered through an earlier wait's chain
-            self.insert(before, _FX.wait_event.default, (rec.event, stream), stream)
+            self.insert(_FX.wait_event.default, (rec.event, stream), stream, before,
+                        before=before)  # fmt: skip
             self.stats.waits += 1
-            for s, t in rec.clock.items():
-                clock[s] = max(clock.get(s, 0), t)
+            self.clocks.merge(stream, rec.clock)
 
-    def needs(self, node: fx.Node, stream: int) -> dict[int, tuple[int, fx.Node | None]]:
+    def needs(self, node: fx.Node, stream: int) -> _Need:
         written = self.mem.written(node)
         tables = [(root, [self.writes]) for root in self.mem.read(node) if root not in written]
         tables += [(root, [self.writes, self.reads]) for root in written]
-        clock = self.vc(stream)
-        out: dict[int, tuple[int, fx.Node | None]] = {}
+        out: _Need = {}
         for root, kinds in tables:
             for table in kinds:
                 for a, (tick, who) in table.get(root, {}).items():
-                    if a != stream and clock.get(a, 0) < tick and tick > out.get(a, (0,))[0]:
+                    covered = self.clocks.covers(stream, a, tick)
+                    if a != stream and not covered and tick > out.get(a, (0,))[0]:
                         out[a] = (tick, who)
         return out
 
     def kernel(self, node: fx.Node) -> None:
         s = self.stream_of(node, 0)
-        if s != self.cur:
-            self.insert(node, _FX.set_stream.default, (s,), s)
+        if s != self.clocks.current:
+            self.insert(_FX.set_stream.default, (s,), s, node, before=node)
             self.stats.switches += 1
-            self.cur = s
+            self.clocks.current = s
         needs = self.needs(node, s)
         if needs:
             self.wait_for(needs, s, node)
-        clock = self.vc(s)
-        clock[s] = clock.get(s, 0) + 1
-        self.after[node] = dict(clock)
+        tick = self.clocks.tick(s)
+        self.after[node] = dict(self.clocks.clock(s))
         self.last[s] = node
         self.stats.streams_used.add(s)
         self.stats.side_kernels += bool(s)
         written = self.mem.written(node)
         for root in self.mem.read(node):
             if root not in written:
-                self.reads.setdefault(root, {})[s] = (clock[s], node)
+                self.reads.setdefault(root, {})[s] = (tick, node)
         for root in written:
-            self.writes.setdefault(root, {})[s] = (clock[s], node)
+            self.writes.setdefault(root, {})[s] = (tick, node)
 
     def join(self, output: fx.Node) -> None:
-        clock0 = self.vc(0)
-        needs = {
-            s: (self.vc(s)[s], last)
+        needs: _Need = {
+            s: (self.clocks.now(s), last)
             for s, last in self.last.items()
-            if s and clock0.get(s, 0) < self.vc(s)[s]
+            if s and not self.clocks.covers(0, s, self.clocks.now(s))
         }
-        if self.cur != 0:
-            self.insert(output, _FX.set_stream.default, (0,), 0)
+        if self.clocks.current != 0:
+            self.insert(_FX.set_stream.default, (0,), 0, output, before=output)
             self.stats.switches += 1
-            self.cur = 0
+            self.clocks.current = 0
         if needs:
             self.wait_for(needs, 0, output)
 
     def run(self) -> None:
         for node in list(self.graph.nodes):
             if node.op in ("placeholder", "get_attr"):
-                self.writes[node] = {0: (_GRAPH_START, None)}
+                self.writes[node] = {0: (GRAPH_START, None)}
                 node.meta["stream"] = 0
             elif node.op == "output":
                 self.join(node)
             else:
                 node.meta["stream"] = self.stream_of(node, 0)
-                if is_kernel(node):
+                if self.mem.kernel(node):
                     self.kernel(node)
 
 
 # ----- 4. lifetimes --------------------------------------------------------------------------
-def _keep_alive(gm: fx.GraphModule, stats: ScheduleStats) -> None:
+def _keep_alive(gm: fx.GraphModule, stats: ScheduleStats, memory: Memory, editor: Editor):
     done = set()
-    for v in check_streams(gm):
+    for v in check_streams(gm, memory=memory):
         if v.kind != "freed_early":
             continue
-        reader, tensor, memory = v.subjects
-        if (memory, v.stream) in done:
+        reader, tensor, root = v.subjects
+        if (root, v.stream) in done:
             continue
-        done.add((memory, v.stream))
-        with gm.graph.inserting_after(reader):
-            node = gm.graph.call_function(_FX.record_stream.default, (tensor, v.stream))
-        node.meta.update(stream=v.stream, val=None)
+        done.update((r, v.stream) for r in memory.roots(tensor))  # it keeps all of them
+        node = editor.insert(
+            _FX.record_stream.default, (tensor, v.stream), rule="multi_stream.record_stream",
+            origin=[reader], after=reader, val=None,
+        )  # fmt: skip
+        node.meta["stream"] = v.stream
         stats.record_streams += 1
 
 
-def apply_plan(gm: fx.GraphModule, plan: StreamPlan) -> ScheduleStats:
-    """Reorder ``gm`` and insert the stream ops ``plan`` needs; the result is checked."""
+def apply_plan(
+    gm: fx.GraphModule,
+    plan: StreamPlan,
+    *,
+    memory: Memory | None = None,
+    editor: Editor | None = None,
+) -> ScheduleStats:
+    """Reorder ``gm`` and insert the stream ops ``plan`` needs; the result is checked.
+
+    ``memory``: the graph's storage facts (:class:`~fxpass.edit.memory.Memory`), computed
+    here when not given; ``editor``: the editor the changes go through (default: one for
+    the running pass).
+    """
     stats = ScheduleStats()
     if not plan.assignment:
         return stats
-    _reorder(gm.graph, plan)
-    _Syncs(gm, plan, stats).run()
-    _keep_alive(gm, stats)
-    problems = check_streams(gm)
+    memory = memory if memory is not None else Memory(gm.graph)
+    editor = editor if editor is not None else Editor()
+    _reorder(gm.graph, plan, editor)
+    _Syncs(gm, plan, stats, memory, editor).run()
+    _keep_alive(gm, stats, memory, editor)
+    problems = check_streams(gm, memory=memory)
     if problems:
         listing = "\n  ".join(str(p) for p in problems[:5])
         raise AssertionError(

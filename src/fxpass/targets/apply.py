@@ -9,6 +9,10 @@ ExportedProgram (left untouched; the result is a new, validated program — see
 :mod:`fxpass.targets.export`). ``pipeline`` is a :class:`~fxpass.Pipeline`, a spec string, a
 pass (anything :func:`fxpass.as_pass` takes), a list of passes, or None for the registered
 ``default`` pipeline.
+
+``portable=True`` ends the run with ``lower_fused_ops``: every ``torch.ops.fxpass`` call the
+passes made is replaced by its decomposition into torch's own ops, so the program runs where
+fxpass is not installed (``fxpass run --portable``).
 """
 
 from __future__ import annotations
@@ -22,12 +26,18 @@ from torch import fx
 
 from ..core.context import DebugCounter
 from ..core.contract import Pass
+from ..core.errors import SpecError
 from ..core.pipeline import Pipeline
 from ..core.report import Report
 from .export import run_on_program
 from .runner import Runner, resolve_pipeline
 
 __all__ = ["ApplyResult", "apply", "resolve_pipeline"]
+
+_EMPTY_SPEC = (
+    "the pipeline spec is empty: name the passes (e.g. 'cse,dce'), or give None for the "
+    "registered default pipeline"
+)
 
 
 @dataclass
@@ -58,6 +68,8 @@ def apply(
     *,
     instrument: Iterable[Any] = (),
     debug_counter: DebugCounter | None = None,
+    cache: Any = None,
+    portable: bool = False,
 ) -> ApplyResult:
     """Run ``pipeline`` on ``target`` and return an :class:`ApplyResult` of the same kind.
 
@@ -65,9 +77,19 @@ def apply(
     ExportedProgram is never edited: the passes run on a copy of its graph and the result
     is a new program whose graph signature, state dict and constants match the new graph
     (the same program when nothing changed). For an ExportedProgram, ``sample_inputs`` are
-    its user inputs (default: ``ep.example_inputs``).
+    its user inputs (default: ``ep.example_inputs``). With ``portable=True`` the result calls
+    no ``fxpass::`` op (see the module docstring).
+
+    ``cache`` (a folder or :class:`~fxpass.core.cache.PipelineCache`) restores the result of
+    an earlier run on the same graph with the same pipeline without running the passes
+    (``result.report.cached`` says so), and keeps this run's result otherwise.
     """
-    runner = Runner(resolve_pipeline(pipeline), instrument=instrument)
+    if isinstance(pipeline, str) and not pipeline.strip():
+        raise SpecError(_EMPTY_SPEC, pipeline, 1)
+    resolved = resolve_pipeline(pipeline)
+    if portable:
+        resolved = Pipeline([resolved, "lower_fused_ops"], name=f"{resolved.name}+portable")
+    runner = Runner(resolved, instrument=instrument, cache=cache)
     if isinstance(target, torch.export.ExportedProgram):
         program, result = run_on_program(target, runner, sample_inputs, debug_counter=debug_counter)
         return ApplyResult(program, program.graph_module, result.modified, result.report)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -53,7 +52,14 @@ from torch.export.graph_signature import (
 
 from ..core.context import scoped
 from ..core.errors import FxpassError
-from ..fxutil.fx import lazy_exported_programs, make_lazy_module, release_name, rename_node
+from ..fxutil.fx import (
+    EXPORTED_META,
+    copy_sharing_specs,
+    lazy_exported_programs,
+    make_lazy_module,
+    release_name,
+    rename_node,
+)
 from ..fxutil.paths import del_path, find_path
 from .pt2 import load as _load_pt2
 from .runner import Runner
@@ -264,7 +270,7 @@ def erase_mutation(gm: fx.GraphModule, target: str) -> bool:
 def _copy_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` with its own graph (node meta copied shallowly), sharing tensors;
     its code is generated only if something runs it (the passes work on the graph)."""
-    new = make_lazy_module(gm, copy.deepcopy(gm.graph))
+    new = make_lazy_module(gm, copy_sharing_specs(gm.graph))
     new.meta = dict(gm.meta)
     for name, child in list(new.named_children()):
         if isinstance(child, fx.GraphModule):  # e.g. branches of cond: passes may edit them
@@ -309,8 +315,12 @@ def run_on_program(
         ],
         _inputs={s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")},
     )
-    with _activate(ctx):
-        result = runner.run(work, _graph_inputs(ep, sample_inputs), debug_counter=debug_counter)
+    work.meta[EXPORTED_META] = True  # e.g. partition then calls submodules as export does
+    try:
+        with _activate(ctx):
+            result = runner.run(work, _graph_inputs(ep, sample_inputs), debug_counter=debug_counter)
+    finally:
+        work.meta.pop(EXPORTED_META, None)
     if not result.modified:
         return ep, result
     try:
@@ -542,7 +552,7 @@ def _module_call_graph(ep: ExportedProgram, signature: ExportGraphSignature) -> 
     old_sig = ep.graph_signature
     rename = dict(zip(old_sig.user_inputs, signature.user_inputs))
     rename.update(zip(old_sig.user_outputs, signature.user_outputs))
-    entries = copy.deepcopy(ep.module_call_graph)
+    entries = copy_sharing_specs(ep.module_call_graph)
     for entry in entries:
         if entry.signature is None:
             continue

@@ -45,7 +45,8 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 from ..core.errors import FxpassError
-from ..core.imports import import_modules
+from ..core.imports import import_modules, op_registrars
+from ..fxutil.messages import error_summary
 
 __all__ = ["Pt2Error", "StandIn", "check_archive", "load", "stand_in_types"]
 
@@ -449,14 +450,28 @@ def _cause(e: BaseException, path: Path, allowed: Sequence[str]) -> Pt2Error:
             )
     op = _UNKNOWN_OP.search(text)
     if op:
-        return Pt2Error(
-            f"cannot load {path}: the program calls {op.group(1)}, an operator no loaded "
-            "library registers; import the module that defines it first (fxpass: --import "
-            "MODULE)"
-        )
+        return Pt2Error(_unknown_op_line(path, op.group(1)))
     root = chain[-1]
-    first = (str(root).strip().splitlines() or [""])[0][:300]
-    return Pt2Error(f"cannot load {path}: {type(root).__name__}: {first}")
+    return Pt2Error(f"cannot load {path}: {error_summary(root)}")
+
+
+def _unknown_op_line(path: Path, op: str) -> str:
+    """What to do about ``torch.ops.ns.name``, which no loaded module registers: import the
+    installed module whose source registers it (found by reading, not guessed)."""
+    parts = op.removeprefix("torch.ops.").split(".")
+    qualname = "::".join(parts[:2])
+    head = f"cannot load {path}: the program calls {op}, which no loaded module registers"
+    found = op_registrars(qualname) if len(parts) >= 2 else []
+    if found:
+        return (
+            f"{head}; {found[0]} registers it (found in its source): import it first "
+            f"(fxpass commands: --import {found[0]}, or FXPASS_IMPORT={found[0]})"
+        )
+    return (
+        f"{head}, and no installed Python module's source registers {qualname} (a C++ "
+        "extension? torch.ops.load_library loads it); import the module that defines it "
+        "first (fxpass commands: --import MODULE)"
+    )
 
 
 def load(path: str | os.PathLike, *, imports: Sequence[str] = ()) -> ExportedProgram:

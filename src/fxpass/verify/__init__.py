@@ -6,7 +6,13 @@ from __future__ import annotations
 from .bisect import BisectResult, RewriteInfo, bisect
 from .compare import Comparison, Divergence, NumericsError, compare_outputs, tolerance_for
 from .inputs import sample_inputs_from_meta
-from .invariants import MetadataError, check_metadata, require_metadata
+from .invariants import (
+    MetadataContractError,
+    MetadataError,
+    check_metadata,
+    keeps_metadata,
+    require_metadata,
+)
 from .layouts import LayoutError, check_layouts, require_layouts
 from .numerics import NumericsCheck, PassNumerics, verify_numerics
 from .streams import (
@@ -23,6 +29,7 @@ __all__ = [
     "Comparison",
     "Divergence",
     "LayoutError",
+    "MetadataContractError",
     "MetadataError",
     "NumericsCheck",
     "NumericsError",
@@ -39,6 +46,7 @@ __all__ = [
     "check_streams",
     "compare_outputs",
     "count_ops",
+    "keeps_metadata",
     "op_counts",
     "require_layouts",
     "require_metadata",

@@ -32,6 +32,7 @@ from ..core.context import ChangeEvent, DebugCounter, current_context
 from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
 from ..core.spec import resolve_pipeline
+from ..fxutil.messages import error_summary
 from .compare import Comparison, run_graph_promoted
 from .inputs import output_names, program_inputs, sample_args
 from .numerics import NumericsCheck, PassNumerics, check_graph, run_graph
@@ -168,10 +169,9 @@ class _Subject:
             self.reference = run_graph(self.gm, self.inputs)
             self.truth = run_graph_promoted(self.gm, self.inputs)
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0][:200]
             raise FxpassError(
                 "cannot bisect: the input graph does not run on the sample inputs "
-                f"({type(e).__name__}: {first})"
+                f"({error_summary(e)})"
             ) from e
 
     def run(self, pipeline: Any, **kw: Any) -> fx.GraphModule:

@@ -1,6 +1,7 @@
 """Comparing outputs: per-dtype tolerances, where two results diverge and by how much, and a
-float64 run of a graph that says whether a low-precision result is as accurate as the
-original's (the truth both are measured against).
+float32 run of a graph that computes in bf16/fp16, which says whether a low-precision result
+is as accurate as the original's (the truth both are measured against). When that run
+fails, the comparison says so instead of quietly losing the yardstick.
 
 >>> cmp = compare_outputs([torch.ones(2)], [torch.ones(2) + 1e-7])   # doctest: +SKIP
 >>> bool(cmp)                                                        # doctest: +SKIP
@@ -19,12 +20,15 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..core.errors import FxpassError
+from ..fxutil.messages import error_summary
 
 __all__ = [
     "DEFAULT_TOLERANCES",
     "Comparison",
     "Divergence",
     "NumericsError",
+    "ReferenceUnavailable",
+    "check_tolerances",
     "compare_outputs",
     "run_graph_promoted",
     "tolerance_for",
@@ -47,10 +51,19 @@ class NumericsError(FxpassError):
     """The transformed program's outputs differ from the original's beyond tolerance."""
 
 
+def check_tolerances(rtol: float | None, atol: float | None) -> None:
+    """Refuse a negative (or NaN) tolerance: ``|a - e| <= atol + rtol * |e|`` could then fail
+    on equal values and report a divergence with error 0."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value}")
+
+
 def tolerance_for(
     dtype: torch.dtype, rtol: float | None = None, atol: float | None = None
 ) -> tuple[float, float]:
     """The ``(rtol, atol)`` used for ``dtype``; integers and bools compare exactly."""
+    check_tolerances(rtol, atol)
     if not (dtype.is_floating_point or dtype.is_complex):
         default = (0.0, 0.0)
     elif dtype.itemsize == 1:  # the float8 family
@@ -80,6 +93,9 @@ class Divergence:
     #: beyond tolerance, but no further from a float32 run of the original than the original
     #: itself is: the rounding of a low-precision dtype, not a wrong rewrite
     within_rounding: bool = False
+    #: beyond tolerance in a low-precision dtype, and the float32 run of the original that
+    #: would tell rounding from a wrong rewrite failed: why
+    no_reference: str = ""
 
     def __str__(self) -> str:
         if self.reason == "run":
@@ -89,11 +105,17 @@ class Divergence:
                 f"{self.name}: {self.reason} differs: expected {self.expected}, got {self.actual}"
             )
         where = f"{self.name} at {list(self.index)}" if self.index else self.name
+        unknown = (
+            f"; whether this is {self.dtype} rounding or a wrong rewrite is unknown: "
+            f"{self.no_reference}"
+            if self.no_reference
+            else ""
+        )
         return (
             f"{where}: expected {_num(self.expected)}, got {_num(self.actual)} "
             f"(abs error {_num(self.abs_error)}, rel error {_num(self.rel_error)}; "
             f"{self.mismatched} of {self.numel} {self.dtype} elements outside "
-            f"rtol={self.rtol:g} atol={self.atol:g})"
+            f"rtol={self.rtol:g} atol={self.atol:g}){unknown}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +134,7 @@ class Divergence:
             "atol": self.atol,
             "reason": self.reason,
             "within_rounding": self.within_rounding,
+            "no_reference": self.no_reference,
         }
 
 
@@ -136,6 +159,8 @@ class Comparison:
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: whether the caller gave rtol / atol (else: the defaults by dtype)
     given: bool = False
+    #: why the float32 run of the original (``truth``) could not be made, if it failed
+    no_reference: str = ""
 
     @property
     def worst(self) -> Divergence | None:
@@ -197,6 +222,7 @@ class Comparison:
             "max_rel_error": _jsonable(self.max_rel_error),
             "failures": [f.to_dict() for f in self.failures],
             "tolerances": {k: {"rtol": r, "atol": a} for k, (r, a) in self.tolerances.items()},
+            "no_reference": self.no_reference,
         }
 
 
@@ -234,14 +260,21 @@ def compare_outputs(
     replaces, and through a deep model those differences can grow past any fixed tolerance.
     A leaf out of tolerance still passes when its error against ``truth`` is at most twice
     the original's own (largest and root-mean-square), i.e. the transformed graph is about as
-    accurate as the original. A wrong rewrite is far less accurate and still fails.
+    accurate as the original. A wrong rewrite is far less accurate and still fails. When
+    ``truth`` is a :class:`ReferenceUnavailable` (the float32 run failed), each low-precision
+    leaf out of tolerance fails and says why nothing could be forgiven.
     """
+    check_tolerances(rtol, atol)
     exp_leaves, act_leaves = pytree.tree_leaves(expected), pytree.tree_leaves(actual)
-    true_leaves = pytree.tree_leaves(truth) if truth is not None else []
+    missing = truth.why if isinstance(truth, ReferenceUnavailable) else ""
+    true_leaves = pytree.tree_leaves(truth) if truth is not None and not missing else []
     if len(true_leaves) != len(exp_leaves):
         true_leaves = [None] * len(exp_leaves)
     result = Comparison(
-        ok=True, outputs=len(exp_leaves), given=rtol is not None or atol is not None
+        ok=True,
+        outputs=len(exp_leaves),
+        given=rtol is not None or atol is not None,
+        no_reference=missing,
     )
     if len(exp_leaves) != len(act_leaves):
         result.ok = False
@@ -267,6 +300,8 @@ def compare_outputs(
             div.within_rounding = True
             result.rounding.append(div)
             excess = -1.0
+        elif excess > 0 and div.reason == "values" and missing and _rounds(e):
+            div.no_reference = missing
         if div.reason == "values":
             result.max_abs_error = max(result.max_abs_error, div.abs_error)
             result.max_rel_error = max(result.max_rel_error, div.rel_error)
@@ -330,8 +365,8 @@ def _as_accurate(expected: Any, actual: Any, truth: Any, atol: float) -> bool:
     """Is ``actual`` about as close to ``truth`` as ``expected`` is (see compare_outputs)?"""
     if not isinstance(truth, torch.Tensor) or truth.shape != expected.shape:
         return False
-    if not expected.is_floating_point() or expected.dtype.itemsize > 2:
-        return False  # float32 and wider have no rounding to forgive at this scale
+    if not _rounds(expected):
+        return False
     t = truth.detach().cpu().to(torch.float64)
     err_e = (_as_float64(expected.detach().cpu()) - t).abs()
     err_a = (_as_float64(actual.detach().cpu()) - t).abs()
@@ -341,6 +376,12 @@ def _as_accurate(expected: Any, actual: Any, truth: Any, atol: float) -> bool:
     worst = float(err_a.max()) <= 2 * float(err_e.max()) + tiny
     rms = float(err_a.pow(2).mean().sqrt()) <= 2 * float(err_e.pow(2).mean().sqrt()) + tiny
     return worst and rms
+
+
+def _rounds(expected: torch.Tensor) -> bool:
+    """Has ``expected`` a dtype whose rounding a float32 run can forgive? (float32 and
+    wider have no rounding to forgive at this scale)"""
+    return expected.is_floating_point() and expected.dtype.itemsize <= 2
 
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -372,12 +413,24 @@ class _Promoted(fx.Interpreter):
         return super().call_method(target, args, kwargs)
 
 
-def run_graph_promoted(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any] | None:
-    """``gm``'s outputs computed in float32 where it computes in bf16/fp16, or None.
+@dataclass(frozen=True)
+class ReferenceUnavailable:
+    """What :func:`run_graph_promoted` returns when the float32 run fails: ``why``. Given to
+    :func:`compare_outputs` as ``truth``, the divergences it finds in bf16/fp16 say that
+    rounding could not be told from a wrong rewrite, and why."""
+
+    why: str
+
+
+def run_graph_promoted(
+    gm: fx.GraphModule, inputs: Sequence[Any]
+) -> list[Any] | ReferenceUnavailable | None:
+    """``gm``'s outputs computed in float32 where it computes in bf16/fp16.
 
     An estimate of the exact result, used to tell a low-precision rounding difference from a
     wrong rewrite (see :func:`compare_outputs`). None when the graph has no low-precision
-    tensors or does not run promoted (an op with a fixed dtype contract).
+    tensors (nothing to tell apart); a :class:`ReferenceUnavailable` saying why when it does
+    not run promoted (an op with a fixed dtype contract).
     """
     low = any(
         isinstance(v, torch.Tensor) and v.dtype in _LOW_PRECISION
@@ -395,8 +448,8 @@ def run_graph_promoted(gm: fx.GraphModule, inputs: Sequence[Any]) -> list[Any] |
     try:
         with torch.no_grad():
             return pytree.tree_leaves(_Promoted(gm).run(*args))
-    except Exception:
-        return None
+    except Exception as e:  # broad: reported — the comparison says the reference failed, why
+        return ReferenceUnavailable(f"the float32 run of the original failed ({error_summary(e)})")
 
 
 def _as_float64(t: torch.Tensor) -> torch.Tensor:

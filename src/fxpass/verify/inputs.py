@@ -56,7 +56,7 @@ def _hint(size: Any) -> int:
         from torch.fx.experimental.symbolic_shapes import hint_int
 
         return int(hint_int(size, fallback=4))
-    except Exception:
+    except Exception:  # broad: a size with no hint, however it fails, gets the same fallback
         return 4
 
 

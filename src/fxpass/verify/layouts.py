@@ -28,27 +28,15 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    UnsupportedOperatorException,
-)
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.fx.node import map_aggregate
-from torch.utils import _pytree as pytree
 
 from ..fxutil.layout import format_layout, significant_strides
+from ..fxutil.messages import error_summary
+from ..fxutil.values import FakeEvaluator, Strictness
 
 __all__ = ["LayoutError", "check_layouts", "require_layouts"]
 
 _BUILTIN_NAMESPACES = frozenset({"aten", "prims"})
-# the fake kernel cannot say: nothing to compare (not a layout problem)
-_CANNOT_SAY = (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    UnsupportedOperatorException,
-)
 _NO = object()
 
 
@@ -56,12 +44,17 @@ class LayoutError(AssertionError):
     """Nodes record layouts their ops do not produce, or users no longer fit their inputs."""
 
 
-def check_layouts(gm: fx.GraphModule, *, every_node: bool = False) -> list[str]:
+def check_layouts(
+    gm: fx.GraphModule, *, every_node: bool = False, nodes: Iterable[fx.Node] | None = None
+) -> list[str]:
     """One line per problem: new nodes (see the module docstring; every node with
-    ``every_node``) whose ``meta['val']`` differs from their fake kernel's result, and users of
-    new nodes that no longer produce what they recorded. Each line names the node, the pass
-    that made it, and both layouts."""
-    checked = [n for n in gm.graph.nodes if every_node or _is_new(n)]
+    ``every_node``; the ``nodes`` given) whose ``meta['val']`` differs from their fake
+    kernel's result, and users of those nodes that no longer produce what they recorded.
+    Each line names the node, the pass that made it, and both layouts."""
+    if nodes is not None:
+        checked = list(nodes)
+    else:
+        checked = [n for n in gm.graph.nodes if every_node or _is_new(n)]
     problems = [p for n in checked if (p := _check_node(n, None)) is not None]
     seen = set(checked)
     for node in checked:
@@ -121,16 +114,14 @@ def _check_node(node: fx.Node, new_input: fx.Node | None) -> str | None:
     recorded = _recorded(node)
     if recorded is _NO:
         return None
+    # what the fake kernel cannot say (no input value, no fake mode, data-dependent) is not
+    # a layout problem: None, nothing to compare
+    evaluator = FakeEvaluator(strictness=Strictness.DECLINE, cache=None, new_mode=False)
     try:
-        computed = _rerun(node)
-    except _CANNOT_SAY:
-        return None
-    except LookupError:  # an input has no value to run on
-        return None
-    except Exception as e:
-        what = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return f"{_describe(node, new_input)} no longer runs on its inputs ({what})"
-    if computed is _NO:
+        computed = evaluator.rerun(node, value=_input_value)
+    except Exception as e:  # broad: reported — the layout problem says it no longer runs, why
+        return f"{_describe(node, new_input)} no longer runs on its inputs ({error_summary(e)})"
+    if computed is None:
         return None
     diff = _first_difference(recorded, computed)
     if diff is None:
@@ -157,28 +148,9 @@ def _made_by(node: fx.Node) -> str:
     return f" made by pass '{prov['pass']}'" if isinstance(prov, dict) and "pass" in prov else ""
 
 
-def _rerun(node: fx.Node) -> Any:
-    def value(a: Any) -> Any:
-        if isinstance(a, fx.Node):
-            v = _recorded(a)
-            if v is _NO:
-                raise LookupError(a.name)
-            return v
-        return a
-
-    args = map_aggregate(node.args, value)
-    kwargs = map_aggregate(node.kwargs, value)
-    mode = detect_fake_mode([v for v in pytree.tree_leaves((args, kwargs)) if _is_fake(v)])
-    if mode is None:
-        return _NO
-    with mode:
-        if node.op == "call_method":
-            return getattr(args[0], node.target)(*args[1:], **kwargs)
-        return node.target(*args, **kwargs)
-
-
-def _is_fake(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and getattr(v, "fake_mode", None) is not None
+def _input_value(node: fx.Node) -> Any:
+    v = _recorded(node)
+    return None if v is _NO else v
 
 
 # ----- comparing values ---------------------------------------------------------------------

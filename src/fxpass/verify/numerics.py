@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.errors import FxpassError
 from ..core.instrument import Instrumentation
+from ..fxutil.messages import error_summary
 from .compare import (
     Comparison,
     Divergence,
@@ -67,10 +68,9 @@ def check_graph(
     ``truth`` is the original's float32 outputs (:func:`run_graph_promoted`), if known."""
     try:
         outputs = run_graph(gm, inputs)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
+    except Exception as e:  # broad: reported — a graph that does not run diverges, saying why
         failure = Divergence(
-            -1, "the graph", expected="outputs", actual=f"{type(e).__name__}: {first}", reason="run"
+            -1, "the graph", expected="outputs", actual=error_summary(e), reason="run"
         )
         return Comparison(ok=False, outputs=len(reference), failures=[failure])
     return compare_outputs(reference, outputs, rtol=rtol, atol=atol, names=names, truth=truth)
@@ -195,7 +195,7 @@ class NumericsCheck(Instrumentation):
         self.raise_on_divergence = raise_on_divergence
         self.names = list(names) if names is not None else None
         self._known = (
-            (list(reference), list(truth) if truth is not None else None)
+            (list(reference), list(truth) if isinstance(truth, Sequence) else truth)
             if reference is not None
             else None
         )
@@ -230,10 +230,9 @@ class NumericsCheck(Instrumentation):
             self.reference = run_graph(gm, self._inputs)
             self.truth = run_graph_promoted(gm, self._inputs)
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0][:200]
             raise FxpassError(
                 "cannot verify numerics: the input graph does not run on the sample inputs "
-                f"({type(e).__name__}: {first})"
+                f"({error_summary(e)})"
             ) from e
 
     def after_pass(self, record, gm, ctx):

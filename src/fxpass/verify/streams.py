@@ -26,10 +26,15 @@ kind                  what is wrong
 ``bad_stream_op``     a stream op whose stream or event is not a constant number
 ===================== ==========================================================================
 
-Memory follows the op schemas: views share their base's memory, in-place ops write their
-argument's, and a value is freed after the last node that uses any view of it (the way
-``GraphModule`` code drops references). Inputs, parameters and buffers belong to the caller
-(written on the main stream before the graph starts) and are never freed by the graph.
+Memory follows what each node actually does (:class:`fxpass.edit.memory.Memory`, decided
+from values): views share their base's memory and run no kernel, a ``reshape`` or
+``contiguous`` that copies for its input's layout (of an ``expand``: GQA's repeated keys)
+is a kernel with memory of its own, in-place ops write their argument's, and a value is
+freed after the last node that uses any view of it (the way ``GraphModule`` code drops
+references). Where a node's effect cannot be known (no value, symbolic strides) it is
+taken as a kernel whose result may also share its input's memory. Inputs, parameters and
+buffers belong to the caller (written on the main stream before the graph starts) and are
+never freed by the graph. The ordering itself is :mod:`fxpass.verify.happens_before`.
 
 >>> violations = check_streams(gm)                                 # doctest: +SKIP
 >>> print("\\n".join(map(str, violations)) or "safe")              # doctest: +SKIP
@@ -37,16 +42,16 @@ argument's, and a value is freed after the last node that uses any view of it (t
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx
 
-from ..edit.alias import aliased_args, op_schema, written_args
-from ..fxutil.values import node_val
+from ..edit.alias import is_kernel
+from ..edit.memory import Memory
 from ..ops.stream import is_stream_op, stream_op
+from .happens_before import GRAPH_START, StreamClocks
 
 __all__ = [
     "StreamScheduleError",
@@ -59,7 +64,6 @@ __all__ = [
 ]
 
 _FX = torch.ops.fxpass
-_GRAPH_START = 1  # the tick on stream 0 at which the caller's tensors were written
 
 
 @dataclass(frozen=True)
@@ -81,47 +85,6 @@ class StreamViolation:
 
 class StreamScheduleError(AssertionError):
     """A graph's multi-stream schedule is unsafe; the message lists each violation."""
-
-
-# ----- which nodes run kernels, and which memory they touch ------------------------------
-_aten = torch.ops.aten
-_HOST_OPS = frozenset(  # sizes and metadata checks: the host answers, no kernel runs
-    {
-        _aten.sym_size.int,
-        _aten.sym_stride.int,
-        _aten.sym_numel.default,
-        _aten.sym_storage_offset.default,
-        _aten._assert_tensor_metadata.default,
-        _aten._assert_scalar.default,
-    }
-)
-
-
-def _is_view(node: fx.Node) -> bool:
-    """A schema view (``Tensor(a)`` out, nothing written): metadata only, no kernel."""
-    return op_schema(node) is not None and bool(aliased_args(node)) and not written_args(node)
-
-
-def _tensorish(val: Any) -> bool:
-    if val is None:
-        return True  # unknown: assume the worst
-    if isinstance(val, torch.Tensor):
-        return True
-    if isinstance(val, (list, tuple)):
-        return any(isinstance(v, torch.Tensor) for v in val)
-    return False
-
-
-def is_kernel(node: fx.Node) -> bool:
-    """Does ``node`` launch work on the current stream? Not: inputs, outputs, stream ops,
-    ``getitem``, views (schema aliases), sizes and metadata checks."""
-    if node.op not in ("call_function", "call_method", "call_module"):
-        return False
-    if is_stream_op(node) or node.target is operator.getitem or node.target in _HOST_OPS:
-        return False
-    if _is_view(node):
-        return False
-    return _tensorish(node_val(node)) or any(_tensorish(node_val(i)) for i in node.all_input_nodes)
 
 
 _ARITY = {
@@ -152,96 +115,7 @@ def uses_streams(gm: fx.GraphModule | fx.Graph) -> bool:
     return any(is_stream_op(n) or "stream" in n.meta for n in graph.nodes)
 
 
-class _Memory:
-    """Storage of each value: ``roots`` (the nodes whose fresh memory it may share), who
-    writes each root, and where each root is freed."""
-
-    def __init__(self, graph: fx.Graph) -> None:
-        self.pos: dict[fx.Node, int] = {}
-        self.roots: dict[fx.Node, frozenset[fx.Node]] = {}
-        holders: dict[fx.Node, set[fx.Node]] = {}
-        for i, node in enumerate(graph.nodes):
-            self.pos[node] = i
-            roots = self._roots_of(node)
-            self.roots[node] = roots
-            for r in roots:
-                holders.setdefault(r, set()).add(node)
-                if r.target is operator.getitem and r is node:  # the tuple holds it too
-                    holders[r].add(r.args[0])
-        self.free_at: dict[int, list[fx.Node]] = {}
-        for root, nodes in holders.items():
-            if self.external(root):
-                continue
-            last = -1
-            for holder in nodes:
-                for user in holder.users:
-                    last = max(last, 1 << 60 if user.op == "output" else self.pos[user])
-            if 0 <= last < 1 << 60:
-                self.free_at.setdefault(last, []).append(root)
-
-    def _roots_of(self, node: fx.Node) -> frozenset[fx.Node]:
-        if node.op in ("placeholder", "get_attr"):
-            return frozenset({node})
-        if node.op == "output" or is_stream_op(node) or not _tensorish(node_val(node)):
-            return frozenset()
-        if op_schema(node) is not None and not node.target._schema.returns:
-            return frozenset()  # returns nothing: no memory of its own
-        if node.target is operator.getitem:
-            parent = node.args[0]
-            pieces = isinstance(parent, fx.Node) and op_schema(parent) is not None
-            if pieces and aliased_args(parent):  # split/unbind: pieces of the input
-                return self.roots.get(parent, frozenset())
-            return frozenset({node})
-        shared = frozenset().union(*(self.roots.get(a, frozenset()) for a in aliased_args(node)))
-        if op_schema(node) is not None and shared:
-            return shared  # a schema view or an in-place op's result: no fresh memory
-        return shared | {node}  # fresh memory (and, for opaque calls, maybe the inputs')
-
-    @staticmethod
-    def external(root: fx.Node) -> bool:
-        return root.op in ("placeholder", "get_attr")
-
-    @staticmethod
-    def writer(root: fx.Node) -> fx.Node:
-        """The node whose kernel wrote a fresh root (a tuple element's: the op's)."""
-        if root.target is operator.getitem and isinstance(root.args[0], fx.Node):
-            return root.args[0]
-        return root
-
-    def written(self, node: fx.Node) -> set[fx.Node]:
-        """Roots ``node``'s kernel writes: its fresh memory and what it writes in place."""
-        out = {r for r in self.roots[node] if self.writer(r) is node and not self.external(r)}
-        out |= {r for r in self._tuple_elements(node)}
-        for arg in written_args(node):
-            out |= self.roots.get(arg, frozenset())
-        return out
-
-    def _tuple_elements(self, node: fx.Node) -> list[fx.Node]:
-        return [u for u in node.users if u.target is operator.getitem and u in self.roots[u]]
-
-    def read(self, node: fx.Node) -> dict[fx.Node, fx.Node]:
-        """Root -> the input through which ``node`` reads it."""
-        out: dict[fx.Node, fx.Node] = {}
-        for arg in node.all_input_nodes:
-            for r in self.roots.get(arg, frozenset()):
-                out.setdefault(r, arg)
-        return out
-
-
 # ----- the replay --------------------------------------------------------------------------
-Clock = dict[int, int]
-
-
-def _covers(clock: Clock, stream: int, tick: int) -> bool:
-    return clock.get(stream, 0) >= tick
-
-
-def _join(into: Clock, other: Clock) -> None:
-    for s, t in other.items():
-        if t > into.get(s, 0):
-            into[s] = t
-
-
 @dataclass
 class _Access:
     stream: int
@@ -251,13 +125,13 @@ class _Access:
 
 
 class _Replay:
-    def __init__(self, graph: fx.Graph) -> None:
-        self.mem = _Memory(graph)
-        self.cur = 0
-        self.clock: dict[int, Clock] = {0: {0: _GRAPH_START}}
+    def __init__(self, graph: fx.Graph, memory: Memory) -> None:
+        self.mem = memory
+        self.free_after = memory.free_points()
+        self.clocks = StreamClocks()
         self.last_tick: dict[int, tuple[int, fx.Node]] = {}
         self.ran_on: dict[fx.Node, int] = {}
-        self.events: dict[int, tuple[Clock, fx.Node]] = {}
+        self.records: dict[int, fx.Node] = {}  # event -> its last record_event node
         self.last_wait: dict[tuple[int, int], tuple[fx.Node, fx.Node]] = {}
         self.writes: dict[fx.Node, dict[int, _Access]] = {}
         self.reads: dict[fx.Node, dict[int, _Access]] = {}
@@ -266,9 +140,6 @@ class _Replay:
         self.reported: set[tuple[fx.Node, int]] = set()
         self.out: list[StreamViolation] = []
 
-    def vc(self, stream: int) -> Clock:
-        return self.clock.setdefault(stream, {})
-
     def violation(self, kind: str, message: str, *nodes: Any, stream=None, subjects=()) -> None:
         names = tuple(n.name if isinstance(n, fx.Node) else str(n) for n in nodes)
         self.out.append(StreamViolation(kind, message, names, stream, tuple(subjects)))
@@ -276,14 +147,14 @@ class _Replay:
     # ----- one node ----------------------------------------------------------------------
     def step(self, node: fx.Node) -> None:
         if node.op == "placeholder" or node.op == "get_attr":
-            self.writes[node] = {0: _Access(0, _GRAPH_START, node)}
+            self.writes[node] = {0: _Access(0, GRAPH_START, node)}
         elif is_stream_op(node):
             self.stream_op(node)
         elif node.op == "output":
             self.output(node)
-        elif is_kernel(node):
+        elif self.mem.kernel(node):
             self.kernel(node)
-        for root in self.mem.free_at.get(self.mem.pos[node], ()):
+        for root in self.free_after.get(node, ()):
             self.free(root, node)
 
     def _ints(self, node: fx.Node) -> tuple[int, ...] | None:
@@ -302,19 +173,20 @@ class _Replay:
             return
         op = stream_op(node)
         if op is _FX.set_stream.default:
-            self.cur = ints[0]
+            self.clocks.current = ints[0]
         elif op is _FX.record_event.default:
-            event, stream = ints
-            self.events[event] = (dict(self.vc(stream)), node)
+            self.clocks.record(*ints)
+            self.records[ints[0]] = node
         elif op is _FX.wait_event.default:
             self.wait(node, *ints)
         elif op is _FX.record_stream.default:
             tensor = node.args[0]
-            for root in self.mem.roots.get(tensor, ()):
+            roots = self.mem.roots(tensor) if isinstance(tensor, fx.Node) else ()
+            for root in roots:
                 self.kept.add((root, ints[0]))
 
     def wait(self, node: fx.Node, event: int, stream: int) -> None:
-        if event not in self.events:
+        if not self.clocks.wait(event, stream):
             later = next(
                 (
                     n
@@ -332,13 +204,11 @@ class _Replay:
                 *([later] if later is not None else []),
             )
             return
-        snapshot, record = self.events[event]
-        _join(self.vc(stream), snapshot)
-        for other in snapshot:
-            self.last_wait[(stream, other)] = (node, record)
+        for other in self.clocks.events[event]:
+            self.last_wait[(stream, other)] = (node, self.records[event])
 
     def kernel(self, node: fx.Node) -> None:
-        s = self.cur
+        s = self.clocks.current
         marked = node.meta.get("stream")
         if isinstance(marked, int) and marked != s:
             self.violation(
@@ -347,9 +217,7 @@ class _Replay:
                 f"stream {s}",
                 node,
             )
-        clock = self.vc(s)
-        clock[s] = clock.get(s, 0) + 1
-        tick = clock[s]
+        tick = self.clocks.tick(s)
         self.last_tick[s] = (tick, node)
         self.ran_on[node] = s
         written = self.mem.written(node)
@@ -360,13 +228,12 @@ class _Replay:
             self.access(root, _Access(s, tick, node), write=True)
 
     def access(self, root: fx.Node, acc: _Access, *, write: bool) -> None:
-        clock = self.vc(acc.stream)
         earlier = [(self.writes.get(root, {}), True)]
         if write:
             earlier.append((self.reads.get(root, {}), False))
         for table, was_write in earlier:
             for stream, prev in table.items():
-                if stream != acc.stream and not _covers(clock, stream, prev.tick):
+                if stream != acc.stream and not self.clocks.covers(acc.stream, stream, prev.tick):
                     self.unordered(root, prev, acc, write, was_write)
         (self.writes if write else self.reads).setdefault(root, {})[acc.stream] = acc
         if acc.stream != self.home(root):
@@ -407,17 +274,16 @@ class _Replay:
         )
 
     def output(self, node: fx.Node) -> None:
-        if self.cur != 0:
+        if self.clocks.current != 0:
             self.violation(
                 "ends_on_side_stream",
-                f"the graph ends with stream {self.cur} current: add set_stream(0) before "
+                f"the graph ends with stream {self.clocks.current} current: add set_stream(0) before "
                 f"{node.name} so the caller continues on the main stream",
                 node,
             )
-        clock = self.vc(0)
         for root in self.mem.read(node):
             for stream, prev in self.writes.get(root, {}).items():
-                if stream != 0 and not _covers(clock, stream, prev.tick):
+                if stream != 0 and not self.clocks.covers(0, stream, prev.tick):
                     self.violation(
                         "unjoined_output",
                         f"the graph returns {root.name}, made by {prev.node.name} on stream "
@@ -427,7 +293,7 @@ class _Replay:
                         stream=0,
                     )
         for stream, (tick, last) in sorted(self.last_tick.items()):
-            if stream != 0 and not _covers(clock, stream, tick):
+            if stream != 0 and not self.clocks.covers(0, stream, tick):
                 self.violation(
                     "unjoined_stream",
                     f"stream {stream}'s work up to {last.name} is never joined back into "
@@ -441,9 +307,8 @@ class _Replay:
         if root not in self.writes:
             return
         home = self.home(root)
-        clock = self.vc(home)
         for acc in self.foreign.get(root, ()):
-            if (root, acc.stream) in self.kept or _covers(clock, acc.stream, acc.tick):
+            if (root, acc.stream) in self.kept or self.clocks.covers(home, acc.stream, acc.tick):
                 continue
             self.violation(
                 "freed_early",
@@ -459,15 +324,18 @@ class _Replay:
             )
 
 
-def check_streams(gm: fx.GraphModule | fx.Graph) -> list[StreamViolation]:
+def check_streams(
+    gm: fx.GraphModule | fx.Graph, *, memory: Memory | None = None
+) -> list[StreamViolation]:
     """Every unsafe spot of ``gm``'s multi-stream schedule (empty when it is safe).
 
     Works on any graph: one the ``multi_stream`` pass scheduled, or one written by hand or
     by another tool with the ``torch.ops.fxpass`` stream ops. A graph without stream ops
-    runs on one stream and is safe.
+    runs on one stream and is safe. ``memory``: the graph's storage facts, when the caller
+    already has them (a pass that checks its own schedule).
     """
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
-    replay = _Replay(graph)
+    replay = _Replay(graph, memory if memory is not None else Memory(graph))
     for node in graph.nodes:
         replay.step(node)
     return replay.out

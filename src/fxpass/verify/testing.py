@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,8 +30,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..fxutil.files import write_atomic
 from .compare import Comparison, compare_outputs, run_graph_promoted
 from .inputs import program_inputs
+from .invariants import keeps_metadata
 from .layouts import check_layouts
 from .numerics import run_graph
 
@@ -186,6 +187,7 @@ def check_pass(
     modified: bool | None = None,
     numerics: bool = True,
     layouts: bool = True,
+    contracts: bool = True,
     rtol: float | None = None,
     atol: float | None = None,
     snapshot: str | os.PathLike | None = None,
@@ -199,7 +201,8 @@ def check_pass(
     honesty flag; ``numerics`` compares outputs with the original (dtype-aware tolerances);
     ``snapshot`` is a text file holding the printed graph after the pass; ``layouts`` runs
     :func:`~fxpass.verify.check_layouts` on the result (new nodes record what their fake
-    kernels give, their users still fit).
+    kernels give, their users still fit); ``contracts`` holds each pass to the metadata it
+    declares it keeps (:func:`~fxpass.verify.keeps_metadata`).
     """
     from ..core.pipeline import Pipeline
 
@@ -218,6 +221,8 @@ def check_pass(
     reference = run_graph(gm, captured.inputs) if numerics else None
     truth = run_graph_promoted(gm, captured.inputs) if numerics else None
     pipe = Pipeline.parse(pass_) if isinstance(pass_, str) else Pipeline([pass_])
+    if contracts:
+        pipe.add_checks(keeps_metadata())
     result = pipe.run(gm, captured.inputs)
     out = result.graph_module
     check = PassCheck(captured, result, counts_before, op_counts(out))
@@ -258,8 +263,5 @@ def _check_snapshot(path: Path, text: str) -> list[str]:
             f"(set {UPDATE_ENV}=1 to accept the new graph):\n{shown}"
         ]
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
     return []

@@ -9,6 +9,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import fxpass as fp
+from fxpass.verify import keeps_metadata
 from fxpass.verify.compare import compare_outputs
 from fxpass.verify.numerics import run_graph
 
@@ -93,7 +94,8 @@ def test_exported_calls_go_back_in_place(model, inputs, op):
     calls = _count(gm, AF2)
     assert calls >= 1
     expected = run_graph(gm, flat)
-    result = fp.Pipeline.parse("fix_functionalization").run(gm)
+    pipe = fp.Pipeline.parse("fix_functionalization").add_checks(keeps_metadata())
+    result = pipe.run(gm)
     assert _count(gm, AF2) == 0 and _count(gm, op.default) == 1
     assert result.report.root.children[0].stats == {"reinplaced": calls}
     assert compare_outputs(expected, run_graph(gm, flat)).ok

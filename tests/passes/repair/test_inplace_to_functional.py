@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import fxpass as fp
+from fxpass.verify import keeps_metadata
 from fxpass.verify.compare import compare_outputs
 from fxpass.verify.numerics import run_graph
 from fxpass.verify.testing import capture
@@ -36,7 +37,8 @@ class _Mixed(torch.nn.Module):
 def test_dynamo_graph_rewrites_only_what_nobody_can_tell():
     c = capture(_Mixed(), (torch.randn(2, 4), torch.randn(2, 4)), "dynamo")
     expected = run_graph(c.graph_module, [t.clone() for t in c.inputs])
-    result = fp.Pipeline.parse("inplace_to_functional").run(c.graph_module)
+    pipe = fp.Pipeline.parse("inplace_to_functional").add_checks(keeps_metadata())
+    result = pipe.run(c.graph_module)
     names = _names(c.graph_module)
     assert "relu_" not in names and "relu" in names
     assert names.count("add_") == 2 and names.count("mul_") == 1

@@ -30,7 +30,6 @@ from executorch.exir import memory
 from executorch.exir import pass_base as _et
 from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
-from executorch.exir.error import ExportError, ExportErrorType
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -50,7 +49,8 @@ from ...fxutil.fx import (
     make_lazy_module,
     nodes_after,
 )
-from ...interpret import FAKE_RESULTS, InterpreterPass
+from ...fxutil.values import FAKE_RESULTS
+from ...interpret import InterpreterPass
 from ._values import (
     ProxyValue,
     RawInput,
@@ -58,6 +58,9 @@ from ._values import (
     fake_data,
     is_symbolic,
     node_arg,
+    preserve_placeholder_values,
+    set_value_meta,
+    settle_metadata,
     traced_meta,
 )
 
@@ -84,11 +87,10 @@ _RESULTS = FAKE_RESULTS  # fake results by op and input metadata, shared in the 
 _NAMES: dict[Any, str] = {}  # target -> the node name ExecuTorch's tracer derives from it
 
 
-def _none_tree(value: Any) -> Any:
-    """ExecuTorch's ``tensor_meta`` of a value whose tensors are all fake: None per leaf."""
-    if isinstance(value, (list, tuple)):
-        return pytree.tree_map(lambda _: None, value)
-    return None
+def _interpreter() -> fx.Interpreter:
+    """What runs ops on fake values for a pass (ExecuTorch's ``self.interpreter``): over an
+    empty module whose code is never generated."""
+    return fx.Interpreter(make_lazy_module(torch.nn.Module(), fx.Graph()))
 
 
 def _emitted_by(target: Any, old: fx.Node) -> bool:
@@ -114,8 +116,8 @@ class ExportPass(InterpreterPass):
     _val_taken = False
 
     def __init__(self) -> None:
-        self.interpreter = fx.Interpreter(fx.GraphModule(torch.nn.Module(), fx.Graph()))
-        self.tracer = self.ExportTracer(self, CodeGen())
+        self.interpreter = _interpreter()
+        self._tracer = None  # made when first asked for (most passes never do before a run)
         self.fake_tensor_mode: FakeTensorMode | None = None
         self._initialized = True
 
@@ -125,6 +127,9 @@ class ExportPass(InterpreterPass):
         """The tracer building the new graph (ExecuTorch's ``ExportTracer``)."""
         if self.__dict__.get("_meta_for", None) is not self.__dict__.get("_current", None):
             self._install_current_meta()
+        if self._tracer is None:
+            self._tracer = self.ExportTracer(self, CodeGen())
+            self._tracer.fake_tensor_mode = self.fake_tensor_mode
         return self._tracer
 
     @tracer.setter
@@ -237,18 +242,27 @@ class ExportPass(InterpreterPass):
         self.requires(gm)
         result = self.call(gm)
         self.ensures(gm)  # ExecuTorch checks the module it was given
+        self._claimed = getattr(result, "modified", None)
         return result
 
     def __call__(self, graph_module: fx.GraphModule, *args: Any, **kwargs: Any) -> PassResult:
         # a one-pass pipeline, without lint: ExecuTorch's pass does not lint, and the new
         # graph is built node by node from a valid one
         pipeline = Pipeline([self], name=self.name, lint=False)
+        outer, self._claimed = self.__dict__.get("_claimed"), None
         try:
-            return pipeline.run(graph_module, *args, **kwargs)
+            result = pipeline.run(graph_module, *args, **kwargs)
         except PassFailedError as e:  # the module is restored; raise what the pass raised
             if e.pass_name != self.name or e.cause is None:
                 raise
             raise e.cause.with_traceback(e.cause.__traceback__) from e.cause.__cause__
+        finally:
+            claimed, self._claimed = self._claimed, outer
+        if claimed is None or bool(claimed) == result.modified:
+            return result
+        # what the pass's call() said, as ExecuTorch returns it (a pass may rebuild the graph
+        # and say nothing changed); the pipeline counted the new module as a change
+        return PassResult(result.graph_module, claimed, result.stats, report=result.report)
 
     def call(self, graph_module: fx.GraphModule) -> PassResult:
         if not getattr(self, "_initialized", False):
@@ -265,7 +279,8 @@ class ExportPass(InterpreterPass):
         else:
             mode.allow_non_fake_inputs = True
             dispatcher = enable_python_dispatcher()
-        self._tracer.fake_tensor_mode = mode
+        if self._tracer is not None:
+            self._tracer.fake_tensor_mode = mode
         self.fake_tensor_mode = mode
         self._rewrites = 0
         with mode, dispatcher:
@@ -290,9 +305,10 @@ class ExportPass(InterpreterPass):
         when every node came out as a copy of itself."""
         saved = {k: self.__dict__.get(k) for k in self._STATE}
         tracer = self.ExportTracer(self, codegen_of(graph_module.graph))
-        tracer.fake_tensor_mode = saved["_tracer"].fake_tensor_mode
+        outer = saved["_tracer"]
+        tracer.fake_tensor_mode = self.fake_tensor_mode if outer is None else outer.fake_tensor_mode
         self._tracer = tracer
-        self.interpreter = fx.Interpreter(fx.GraphModule(torch.nn.Module(), fx.Graph()))
+        self.interpreter = _interpreter()
         self._graph, self._env, self._changed = tracer.graph, {}, False
         self._current = self._meta_for = None
         self._editor = Editor(current_context(), self.name)
@@ -304,13 +320,14 @@ class ExportPass(InterpreterPass):
                 new_gm = make_lazy_module(tracer.root, tracer.graph)
             else:
                 new_gm = graph_module
+                settle_metadata(graph_module, tracer)
             self._validate_symbolic_input_snapshots(graph_module, new_gm)
             if new_gm is not graph_module:
                 new_gm.meta = graph_module.meta.copy()
         finally:
             self.__dict__.update(saved)
         if new_gm is not graph_module:
-            _preserve_placeholder_values(graph_module, new_gm)
+            preserve_placeholder_values(graph_module, new_gm)
         return PassResult(new_gm, True)
 
     def _run_graph(self, gm: fx.GraphModule, inputs: Any) -> None:
@@ -493,14 +510,7 @@ class ExportPass(InterpreterPass):
         if node_kwargs:
             node.kwargs = node_kwargs
         traced_meta(self._current, meta.data, node.meta)
-        if isinstance(value, (FakeTensor, int, float, bool, torch.SymInt)) or value is None:
-            node.meta["val"] = value
-            node.meta["tensor_meta"] = None
-        elif isinstance(value, (list, tuple)) and all(isinstance(v, FakeTensor) for v in value):
-            node.meta["val"] = value
-            node.meta["tensor_meta"] = type(value)(None for _ in value)
-        else:  # real tensors become fake ones, and the like
-            self._tracer.set_metadata(node, value)
+        set_value_meta(self._tracer, node, value)
         return ProxyValue(value, self._tracer.proxy(node))
 
     def _node_name(self, target: Any) -> str | None:
@@ -569,23 +579,6 @@ def _add_node_context(e: Exception, node: fx.Node) -> None:
         "(https://github.com/pytorch/tlparse?tab=readme-ov-file#tlparse-parse-structured-pt2-logs)"
     )
     e.args = (msg, *e.args[1:])
-
-
-def _preserve_placeholder_values(gm: fx.GraphModule, new_gm: fx.GraphModule) -> None:
-    """The inputs keep their original ``meta['val']`` (ExecuTorch's
-    ``preserve_original_ph_meta_val``); a pass may not add, drop or resize inputs."""
-    old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    new_phs = [n for n in new_gm.graph.nodes if n.op == "placeholder"]
-    message = "ExportPassBase doesn't support changing the placeholders"
-    if len(old_phs) != len(new_phs):
-        raise ExportError(ExportErrorType.NOT_SUPPORTED, message)
-    for ph, new_ph in zip(old_phs, new_phs):
-        new_val, val = new_ph.meta["val"], ph.meta["val"]
-        if isinstance(new_val, torch.Tensor) and (
-            not isinstance(val, torch.Tensor) or new_val.size() != val.size()
-        ):
-            raise ExportError(ExportErrorType.NOT_SUPPORTED, message)
-        new_ph.meta["val"] = ph.meta["val"]
 
 
 # ExecuTorch's code asks ``isinstance(p, ExportPass)`` / ``issubclass``: say yes for ours.

@@ -14,16 +14,14 @@ same checks and raise the same errors. Underneath, the passes run as one fxpass
   stores the flag and never reads it); the messages are in ``manager.suppressed``.
 
 ExecuTorch's run policy — checks after every pass when asked, failures raised or suppressed,
-a round limit that is not an error — is :class:`_RunPolicy`, which configures the pipeline
-through its ``checks`` and check options.
+a round limit that is not an error — is torch's: both run their rounds as
+:func:`fxpass.compat._policy.manager_rounds` and fail with the same error.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,23 +36,19 @@ from torch.export import ExportedProgram
 from torch.export.exported_program import _common_getitem_elimination_pass
 from torch.utils import _pytree as pytree
 
+from ...core.context import detached
 from ...core.contract import Pass
 from ...core.contract import PassResult as _FxpassPassResult
 from ...core.errors import PassFailedError
-from ...core.pipeline import Fixpoint
 from .._pass_infra import PassManager as _TorchPassManager
 from .._pass_infra import pass_result_wrapper
-from .._policy import PASS_MANAGER
+from .._policy import manager_rounds, pass_manager_error, pass_name
+from ._checked import checked, program_state, remember_checked
 from ._pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
 __all__ = ["ExportedProgramPassManager", "PassManager"]
 
 PassType = ExportedProgramPassBase | Callable[[fx.GraphModule], Any]
-
-
-def _get_pass_name(fn: Any) -> str:
-    """A pass's name as ExecuTorch prints it."""
-    return fn.__name__ if inspect.isfunction(fn) else type(fn).__name__
 
 
 def _reject_call_method(graph_module: fx.GraphModule) -> None:
@@ -92,37 +86,16 @@ class PassManager(_TorchPassManager):
             steps=steps,
         )
 
+    def __call__(self, module: torch.nn.Module) -> Any:  # type: ignore[override]
+        with detached():  # a run of its own, also when a pass calls the manager
+            return super().__call__(module)
+
     def check(self, module: torch.nn.Module) -> None:
         """The module is a GraphModule whose graph lints and has no ``call_method`` node."""
         assert isinstance(module, fx.GraphModule)
         module.recompile()
         module.graph.lint()
         _reject_call_method(module)
-
-
-@dataclass
-class _RunPolicy:
-    """ExecuTorch's run policy, handed to fxpass's pipeline: ``check`` after every pass
-    (changed or not) when ``after_each_pass``; failures raised, or warned about when
-    ``suppress``; at most ``steps`` rounds, and reaching the limit is not an error."""
-
-    check: Callable[[fx.GraphModule], Any]
-    after_each_pass: bool
-    suppress: bool
-    steps: int
-
-    def pipeline(self, passes: list[Pass], name: str) -> Fixpoint:
-        rounds = Fixpoint(
-            passes,
-            max_iterations=self.steps,
-            name=name,
-            lint=False,  # ExecuTorch's check lints, when it runs
-            checks=[self.check],
-            run_checks_after_each_pass=self.after_each_pass,
-            suppress_check_failures=self.suppress,
-            policy=PASS_MANAGER,  # checks after unchanged passes too; steps is a cap
-        )
-        return rounds
 
 
 class _Program:
@@ -157,7 +130,7 @@ class _ProgramPass(Pass):
     def __init__(self, fn: Any, run: _Program) -> None:
         self.fn = fn
         self.run = run
-        self.name = _get_pass_name(fn)
+        self.name = pass_name(fn)
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         program = self.run.program
@@ -216,12 +189,17 @@ class ExportedProgramPassManager(_TorchPassManager):
         )
 
     def check(self, exported_program: ExportedProgram) -> None:  # type: ignore[override]
-        """The graph lints, has no ``call_method`` node, and the program validates."""
+        """The graph lints, has no ``call_method`` node, and the program validates (not
+        again on a program state that already passed: see :mod:`._checked`)."""
+        state = program_state(exported_program)
+        if checked(exported_program, state):
+            return
         graph_module = exported_program.graph_module
         graph_module.recompile()
         graph_module.graph.lint()
         _reject_call_method(graph_module)
         exported_program.validate()
+        remember_checked(exported_program, state)
 
     def __call__(  # type: ignore[override]
         self, exported_program: ExportedProgram, override_verifiers: list[Any] | None = None
@@ -234,24 +212,17 @@ class ExportedProgramPassManager(_TorchPassManager):
             exported_program._verifiers = override_verifiers
         self.check(exported_program)
         run = _Program(exported_program)
-        policy = _RunPolicy(
-            lambda gm: self.check(run.program),
-            self.run_checks_after_each_pass,
-            self.suppress_check_failures,
-            self.steps,
+        passes = [_ProgramPass(fn, run) for fn in self.passes]
+        rounds = manager_rounds(
+            self, passes, lambda gm: self.check(run.program), type(self).__name__
         )
-        rounds = policy.pipeline([_ProgramPass(fn, run) for fn in self.passes], type(self).__name__)
         try:
-            result = rounds.run(exported_program.graph_module)
+            with detached():  # a run of its own, also when a pass calls the manager
+                result = rounds.run(exported_program.graph_module)
         except PassFailedError as e:
             run.restore()
-            names = [_get_pass_name(p) for p in self.passes]
-            failing = names.index(e.pass_name) if e.pass_name in names else 0
-            msg = (
-                f"An error occurred when running the '{e.pass_name}' pass after the following "
-                f"passes: {names[:failing]}"
-            )
-            raise Exception(msg) from e.cause  # ExecuTorch's error, word for word
+            names = [pass_name(p) for p in self.passes]
+            raise pass_manager_error(names, e.pass_name) from e.cause  # ExecuTorch's, word for word
         self.report = result.report
         self.suppressed = list(result.report.suppressed)
         self.check(run.program)

@@ -3,7 +3,9 @@
 :class:`ProxyValue` (ExecuTorch's, and the interpreter's) pairs a fake value with the proxy
 or node computing it; :func:`fake_data` and :func:`node_arg` turn arguments holding them into
 fake values and into node arguments; :func:`traced_meta` gives a node made while
-interpreting another the metadata torch's tracer and ExecuTorch would give it.
+interpreting another the metadata torch's tracer and ExecuTorch would give it,
+:func:`set_value_meta` the ``val`` / ``tensor_meta`` ExecuTorch's tracer gives it, and
+:func:`settle_metadata` the same to a graph a pass kept as it was.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import Any
 
 import torch
 from executorch.exir import pass_base as _et
+from executorch.exir.error import ExportError, ExportErrorType
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import traceback as fx_traceback
 from torch.fx.proxy import _COPY_META_FIELDS
 from torch.utils import _pytree as pytree
@@ -28,6 +32,9 @@ __all__ = [
     "fake_data",
     "is_symbolic",
     "node_arg",
+    "preserve_placeholder_values",
+    "set_value_meta",
+    "settle_metadata",
     "traced_meta",
 ]
 
@@ -139,3 +146,64 @@ def is_symbolic(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(map(is_symbolic, value))
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def set_value_meta(tracer: Any, node: fx.Node, value: Any) -> None:
+    """``val`` and ``tensor_meta`` as ExecuTorch's tracer sets them for a node computing
+    ``value`` (``set_metadata``), without its tree walks for fake values."""
+    if isinstance(value, (FakeTensor, int, float, bool, torch.SymInt)) or value is None:
+        node.meta["val"] = value
+        node.meta["tensor_meta"] = None
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, FakeTensor) for v in value):
+        node.meta["val"] = value
+        node.meta["tensor_meta"] = type(value)(None for _ in value)
+    else:  # real tensors become fake ones, and the like
+        tracer.set_metadata(node, value)
+
+
+def _output_value(node: fx.Node) -> Any:
+    return fx.node.map_arg(node.args[0], lambda n: n.meta.get("val"))
+
+
+def settle_metadata(gm: fx.GraphModule, tracer: Any) -> None:
+    """A graph kept as it was gets the metadata ExecuTorch's rebuild would give it: every
+    ``call_function`` and the output node the ``val`` / ``tensor_meta`` of its value (later
+    passes of ExecuTorch's lowering read them). Nodes already so are skipped."""
+    for node in gm.graph.nodes:
+        op = node.op
+        if op == "call_function":
+            meta = node.meta
+            value = meta["val"]
+            if type(value) is FakeTensor and "tensor_meta" in meta and meta["tensor_meta"] is None:
+                continue
+        elif op == "output":
+            value = _output_value(node)
+            if _same_items(node.meta.get("val"), value) and "tensor_meta" in node.meta:
+                continue  # keep the very objects: a later check sees nothing changed
+        else:
+            continue
+        set_value_meta(tracer, node, value)
+
+
+def _same_items(old: Any, new: Any) -> bool:
+    """``old`` is ``new``'s container type holding the very same objects."""
+    if type(old) is not type(new) or not isinstance(new, (list, tuple)) or len(old) != len(new):
+        return False
+    return all(a is b for a, b in zip(old, new))
+
+
+def preserve_placeholder_values(gm: fx.GraphModule, new_gm: fx.GraphModule) -> None:
+    """The inputs keep their original ``meta['val']`` (ExecuTorch's
+    ``preserve_original_ph_meta_val``); a pass may not add, drop or resize inputs."""
+    old_phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    new_phs = [n for n in new_gm.graph.nodes if n.op == "placeholder"]
+    message = "ExportPassBase doesn't support changing the placeholders"
+    if len(old_phs) != len(new_phs):
+        raise ExportError(ExportErrorType.NOT_SUPPORTED, message)
+    for ph, new_ph in zip(old_phs, new_phs):
+        new_val, val = new_ph.meta["val"], ph.meta["val"]
+        if isinstance(new_val, torch.Tensor) and (
+            not isinstance(val, torch.Tensor) or new_val.size() != val.size()
+        ):
+            raise ExportError(ExportErrorType.NOT_SUPPORTED, message)
+        new_ph.meta["val"] = ph.meta["val"]

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...core.analyses import aliasing, positions
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...edit.alias import AliasInfo, written_args
@@ -88,7 +89,12 @@ def _candidate(node: fx.Node) -> bool:
     return not written_args(node) and not node.is_impure()
 
 
-@_builtin("cse", statistics={"merged": "nodes replaced by an identical earlier node"})
+@_builtin(
+    "cse",
+    statistics={"merged": "nodes replaced by an identical earlier node"},
+    keeps="all",
+    preserves=(positions, aliasing),
+)
 def cse(gm: fx.GraphModule) -> bool:
     """Merge nodes that compute the same pure value from the same inputs.
 
@@ -104,7 +110,7 @@ def cse(gm: fx.GraphModule) -> bool:
         %b = aten.mul(%x, 2)      ->      %c = aten.add(%a, %a)
         %c = aten.add(%a, %b)
     """
-    info = AliasInfo(gm.graph)
+    info = aliasing(gm)
     written = frozenset().union(*info.written_by.values())
     version: dict[fx.Node, int] = {}
     seen: dict[Any, fx.Node] = {}

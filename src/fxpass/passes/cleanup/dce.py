@@ -7,6 +7,7 @@ from torch import fx
 from torch._higher_order_ops.effects import _get_effect
 from torch.fx.node import _side_effectful_functions
 
+from ...core.analyses import aliasing, fake_values, positions, users
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...edit.alias import AliasInfo, written_args
@@ -56,7 +57,12 @@ def _dead_store(node: fx.Node, info: AliasInfo, keep_rng: bool) -> bool:
     return info.last_read(written) <= info.pos[node]  # the node itself reads at pos[node]
 
 
-@_builtin("dce", statistics={"removed": "nodes erased because nothing used them"})
+@_builtin(
+    "dce",
+    statistics={"removed": "nodes erased because nothing used them"},
+    keeps="all",
+    preserves=(positions, users, aliasing, fake_values),
+)
 def dce(gm: fx.GraphModule, *, keep_rng: bool = True) -> bool:
     """Remove nodes whose results nobody uses and that have no effect.
 
@@ -75,7 +81,7 @@ def dce(gm: fx.GraphModule, *, keep_rng: bool = True) -> bool:
         %rand = aten.rand([4])            # unused, random   ->  %rand = aten.rand([4])
     """
     changed = False
-    info = AliasInfo(gm.graph)
+    info = aliasing(gm)
     for node in reversed(list(gm.graph.nodes)):
         if node.users:
             continue

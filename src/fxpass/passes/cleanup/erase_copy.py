@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from ...core.analyses import aliasing
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...edit.alias import AliasInfo, aliased_args
@@ -70,6 +71,7 @@ def _erase_in_place(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) 
         "readers_forwarded": "reads of a copy's destination that now read its source",
         "copies_erased": "copies removed",
     },
+    keeps="all",
 )
 def erase_copy(gm: fx.GraphModule) -> bool:
     """Forward copies' sources to their readers; drop copies nothing can observe.
@@ -96,11 +98,11 @@ def erase_copy(gm: fx.GraphModule) -> bool:
     for node in list(gm.graph.nodes):
         into = _copy_into(node)
         if into is not None:
-            info = info or AliasInfo(gm.graph)
+            info = info or aliasing(gm)
             if _erase_in_place(node, *into, info):
                 changed, info = True, None
         elif aten_op(node.target) is aten.copy.default and isinstance(node.args[1], fx.Node):
-            info = info or AliasInfo(gm.graph)
+            info = info or aliasing(gm)
             src = node.args[1]
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
             if ok and allow():

@@ -6,6 +6,7 @@ import torch
 from torch import fx
 from torch.fx import Node
 
+from ...core.analyses import aliasing, fake_values, positions
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...fxutil.dialect import aten_op
@@ -50,6 +51,8 @@ def _feeds_only_checks(node: Node) -> bool:
         "removed": "assertion nodes removed",
         "removed_scalar": "scalar computations that only fed removed assertions",
     },
+    keeps="all",
+    preserves=(positions, aliasing, fake_values),
 )
 def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
     """Remove export's assertion nodes, so patterns see the computation they guard.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from ...core.analyses import aliasing, positions
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...edit.editor import allow, replace_all_uses
@@ -26,7 +27,12 @@ def _is_detach(node: fx.Node) -> bool:
     )
 
 
-@_builtin("remove_detach", statistics={"removed": "detach calls replaced by their input"})
+@_builtin(
+    "remove_detach",
+    statistics={"removed": "detach calls replaced by their input"},
+    keeps="all",
+    preserves=(positions, aliasing),
+)
 def remove_detach(gm: fx.GraphModule) -> bool:
     """Replace ``detach`` (``aten.detach``, ``detach_copy``, ``detach_``, ``Tensor.detach``)
     by its input.

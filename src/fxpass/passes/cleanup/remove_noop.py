@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from ...core.analyses import aliasing, positions
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...edit.alias import AliasInfo
@@ -112,6 +113,8 @@ def _view_is_noop(node: fx.Node, src: fx.Node) -> bool:
         "views_removed": "views, reshapes, conversions and dropouts that returned their input",
         "copies_removed": "copies nobody could tell from their source",
     },
+    keeps="all",
+    preserves=(positions, aliasing),
 )
 def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
     """Remove views, reshapes, expands, conversions, copies and dropouts that change nothing.
@@ -149,7 +152,7 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
         if kind in ("copy", "view_copy"):
             if not copies or (kind == "view_copy" and not _view_is_noop(node, src)):
                 continue
-            info = info or AliasInfo(gm.graph)
+            info = info or aliasing(gm)
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
         elif kind == "dropout":  # returns its input itself, whatever the metadata says
             ok = not input_becomes_output(node, src)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...core.analyses import aliasing
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...edit.alias import (
@@ -182,6 +183,7 @@ def _rewrite(call: _Call, writebacks: dict) -> None:
         "kept": "functionalized calls left alone because a reader or the caller could tell",
         "copies_removed": "write-back copies made redundant",
     },
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
 def fix_functionalization(gm: fx.GraphModule) -> bool:
     """Turn ``auto_functionalized`` / ``auto_functionalized_v2`` calls of mutating ops back
@@ -215,7 +217,7 @@ def fix_functionalization(gm: fx.GraphModule) -> bool:
         if not all(u.target is operator.getitem for u in node.users):
             stat("kept")
             continue
-        info = info or AliasInfo(gm.graph)
+        info = info or aliasing(gm)
         call = _Call(node, kind)
         writebacks = _writebacks(call)
         if _reinplaceable(call, info, writebacks) and allow():

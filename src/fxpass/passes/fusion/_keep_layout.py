@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.fx import Node, Proxy
 from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from ...fxutil.layout import memory_order, same_layout
+from ...fxutil.values import FakeEvaluator, Strictness
 from ...rewrite.constraint import value_of
 
 aten = torch.ops.aten
@@ -31,67 +31,18 @@ def _node(v: Any) -> Any:
     return v.node if isinstance(v, Proxy) else v
 
 
-def _meta_key(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):  # a symbolic size makes the key unhashable
-        return (v.shape, v.stride(), v.dtype, getattr(v, "fake_device", None) or v.device)
-    return v
-
-
-def _fake_mode(vals: list[Any]) -> Any:
-    for v in vals:
-        mode = getattr(v, "fake_mode", None)
-        if mode is not None:
-            return mode
-    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-
-
-def _layout_only(value: Any) -> Any:
-    """``value`` with its tensors as meta tensors of the same sizes, strides and dtype (no
-    fake mode kept alive by a cache); raises TypeError for symbolic sizes."""
-    if isinstance(value, torch.Tensor):
-        if not all(type(s) is int for s in (*value.shape, *value.stride())):
-            raise TypeError("symbolic sizes")
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-    if isinstance(value, (tuple, list)):
-        return type(value)(_layout_only(v) for v in value)
-    return value
-
-
-# Layer-stacked models fuse ops on the same shapes hundreds of times, and the layout of a
-# fused op's result depends only on its inputs' metadata: one result per metadata.
-_RESULTS: dict[Any, tuple[Any, Any]] = {}
+#: A fused op's fake kernel that cannot run on a site's values declines the site (the
+#: failure is kept in ``failures`` and logged), it does not fail the pass.
+_FAKE = FakeEvaluator(strictness=Strictness.LENIENT, new_mode=False, owner="fusion")
 
 
 def fake_result(op: Any, *args: Any) -> Any:
-    """What ``op``'s fake kernel returns on the fake values of ``args`` (nodes or proxies;
-    other arguments as they are) — sizes, strides and dtypes, for comparing layouts: a
-    result may be a meta tensor shared with other calls; None where a value is missing or
-    the kernel raises."""
+    """``op``'s fake kernel on the fake values of ``args`` (nodes or proxies; other
+    arguments as they are); None where a value is missing or the kernel raises."""
     vals = [value_of(_node(a)) if isinstance(_node(a), Node) else a for a in args]
-    try:
-        key: Any = (id(op), *(_meta_key(v) for v in vals))
-        hit = _RESULTS.get(key)
-    except TypeError:  # symbolic sizes: evaluate every time
-        key = hit = None
-    if hit is not None and hit[0] is op:
-        return hit[1]
-    mode = _fake_mode(vals)
-    if mode is None:
+    if not any(isinstance(v, torch.Tensor) for v in vals):
         return None
-    try:
-        with mode:
-            out = op(*vals)
-    except Exception:
-        return None
-    if key is not None:
-        try:
-            out = _layout_only(out)
-        except TypeError:
-            return out
-        if len(_RESULTS) > 1024:
-            _RESULTS.clear()
-        _RESULTS[key] = (op, out)  # the op keeps its id valid
-    return out
+    return _FAKE.run(op, tuple(vals))
 
 
 def keep_layout(new: Any, new_val: Any, old: Any) -> Any:

@@ -55,6 +55,7 @@ RULES = RuleSet(
         "rewrites": "residual adds fused with their norm",
         "add_rms_norm.matched": "add + norm sites found",
     },
+    keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
 )
 def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
     """Fuse a residual add and the RMSNorm it feeds into

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...core.analyses import aliasing
 from ...core.context import stat
 from ...core.registry import _builtin
 from ...edit.alias import AliasInfo, written_args
@@ -109,6 +110,7 @@ def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) ->
         "rewritten": "in-place calls replaced by their functional twin",
         "kept": "in-place calls left alone because a reader or the caller could tell",
     },
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
 def inplace_to_functional(gm: fx.GraphModule) -> bool:
     """Replace in-place ops (``relu_``, ``add_``, ``x.mul_``, ``F.relu(inplace=True)``) by
@@ -137,7 +139,7 @@ def inplace_to_functional(gm: fx.GraphModule) -> bool:
         if not node.args or node.args[0] is not written[0]:
             stat("kept")
             continue
-        info = info or AliasInfo(gm.graph)
+        info = info or aliasing(gm)
         if _safe(node, written[0], info) and allow() and _rewrite(node, written[0], call, info):
             stat("rewritten")
             changed, info = True, None

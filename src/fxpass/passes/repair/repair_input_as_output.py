@@ -31,7 +31,9 @@ def _is_tensor(node: fx.Node, index: int, sample_inputs: Sequence[Any]) -> bool 
 
 
 @_builtin(
-    "repair_input_as_output", statistics={"clones_inserted": "inputs returned through a new clone"}
+    "repair_input_as_output",
+    statistics={"clones_inserted": "inputs returned through a new clone"},
+    keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
 )
 def repair_input_as_output(
     gm: fx.GraphModule, sample_inputs: Sequence[Any], *, assume_tensors: bool = False

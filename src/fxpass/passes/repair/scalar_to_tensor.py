@@ -133,6 +133,7 @@ def _convert(
         "scalars_converted": "numbers replaced by 0-d tensors",
         "overloads_switched": "Scalar overloads replaced by their Tensor overload",
     },
+    keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
 def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bool:
     """Turn Python numbers passed to ops as tensors into 0-d tensors (ExecuTorch's

@@ -1,5 +1,6 @@
-"""The sharding rewrite: weights sliced to 1/N, head counts rewritten, collectives inserted,
-meta['val'] consistent; plans that do not fit are one-line errors; the pass is a pass."""
+"""The sharding rewrite: weights sliced to 1/N, head counts rewritten, collectives inserted
+through the editor (provenance, the report's changes, the debug counter), meta['val']
+consistent; plans that do not fit are one-line errors; the pass is a pass."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from _shard_helpers import C10D, assert_vals_consistent, count, sharded
 
 import fxpass as fp
 from fxpass.distributed import PlanError, ShardError, analyze, weight_bytes
-from fxpass.distributed.rewrite import rank_key
+from fxpass.distributed.tensor_parallel import rank_key
 from fxpass.targets.inductor import inductor_pass
 
 from _models import exported
@@ -138,7 +139,7 @@ def test_a_failing_rewrite_leaves_the_program_alone():
 
 
 def test_a_plan_for_another_world_size():
-    with pytest.raises(PlanError, match="made for world size 2, not 4"):
+    with pytest.raises(PlanError, match=r"made for world size 2 \(tp 2\), not 4"):
         fp.shard(exported(dtype=torch.float32), 4, plan=sharded(2).plan)
 
 
@@ -157,7 +158,7 @@ def test_inductor_cache_key_depends_on_the_rank():
     assert len(keys) == 2
     assert rank_key(world_size=2, rank=1) == "rank 1 of 2"
     with pytest.raises(ShardError):
-        fp.distributed.rewrite.resolve_rank(2, 5)
+        fp.distributed.tensor_parallel.resolve_rank(2, 5)
 
 
 def test_a_graph_module_with_weights_as_attributes():
@@ -169,3 +170,45 @@ def test_a_graph_module_with_weights_as_attributes():
     assert shards.rank_bytes(0) * 2 < shards.unsharded_bytes * 1.02
     with pytest.raises(ShardError, match="save writes .pt2 files"):
         shards.save("unused")
+
+
+class _Changes(fp.Instrumentation):
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_change(self, event, ctx) -> None:
+        self.events.append(event)
+
+
+def test_collectives_carry_provenance_and_pass_the_metadata_check():
+    from fxpass.verify.invariants import check_metadata
+
+    program = sharded(2)[0]
+    assert check_metadata(program.graph_module) == []
+    reduces = [n for n in program.graph.nodes if n.target is C10D.all_reduce.default]
+    for node in reduces:
+        assert (
+            node.meta["from_node"] and node.meta["fxpass_provenance"]["pass"] == "tensor_parallel"
+        )
+        assert node.meta["fxpass_provenance"]["replaced"]  # the node it serves
+
+
+def test_every_collective_is_a_change_the_run_sees():
+    changes = _Changes()
+    ep = exported(dtype=torch.float32, layers=1)
+    result = fp.apply(ep, "tensor_parallel{world_size=2,rank=0}", instrument=[changes])
+    inserted = [n for e in changes.events if e.kind == "insert" for n in e.new]
+    gm = result.program.graph_module
+    assert {n.name for n in gm.graph.nodes if n.target is C10D.all_reduce.default} <= {
+        n.name for n in inserted
+    }
+    assert all(e.rule == "tensor_parallel" for e in changes.events)
+
+
+def test_the_debug_counter_stops_after_k_collectives():
+    ep = exported(dtype=torch.float32, layers=1)
+    result = fp.apply(ep, "tensor_parallel{world_size=2,rank=0}",
+                      debug_counter=fp.DebugCounter(count=2))  # fmt: skip
+    gm = result.program.graph_module
+    made = count(gm, C10D.all_reduce.default) + count(gm, C10D.all_gather_into_tensor.default)
+    assert made == 2  # of 4: embedding, two row-parallel matmuls, the logits

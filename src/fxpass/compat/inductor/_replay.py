@@ -1,0 +1,335 @@
+"""Putting a traced replacement in place of a match, through fxpass's rewriter.
+
+A replacement graph is traced once (:mod:`._trace`); :class:`Replay` copies it into the
+graph for each match: its placeholders take the match's values, its size symbols the
+matched values' sizes — a number where they are static (folded into the arguments, so no
+example size is ever baked in), a ``sym_size`` node where they are symbolic. The copy is
+made by :class:`~fxpass.rewrite.Rewriter` (``apply``): it asks the debug counter, gives the
+new nodes ``meta['val']`` and provenance, moves the uses of the matched outputs to the
+replacement's, erases what nothing uses any more and tells the instrumentation.
+
+As Inductor's ``replace_with_graph``: the outputs of the match (``match.output_nodes()``)
+take the replacement's values in order; a match with one output whose users are
+``getitem``\\ s may take a replacement returning several values (each ``getitem`` takes its
+own); ``None`` outputs are skipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx import Node
+from torch.fx.node import map_aggregate
+
+from ...fxutil.fx import is_erased
+from ...rewrite import Match as _FxMatch
+from ...rewrite.rewriter import RewriteError, Rewriter, new_node
+from ._trace import size_of
+
+__all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph"]
+
+#: Metadata Inductor's replacement nodes take from the traced replacement's nodes, and an
+#: output from the node it replaces (fxpass's provenance handles the source location).
+_META = ("original_aten", "recompute", "ac_graph_id", "custom", "partitioner_tag")
+_SYM_VALUES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class Plan:
+    """What replaying a graph needs from it, read once: its placeholders, its other nodes
+    (and which compute sizes), its output."""
+
+    __slots__ = ("nodes", "out", "phs", "results", "sizes")
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        nodes = list(gm.graph.nodes)
+        self.phs = [n for n in nodes if n.op == "placeholder"]
+        self.nodes = [n for n in nodes if n.op not in ("placeholder", "output")]
+        self.sizes = {n for n in self.nodes if isinstance(n.meta.get("val"), _SYM_VALUES)}
+        self.out = next(n for n in reversed(nodes) if n.op == "output").args[0]
+        self.results = len(self.out) if isinstance(self.out, (list, tuple)) else 1
+
+
+class _SymRef:
+    """A size symbol's placeholder during a replay: read from ``args[i]`` when used."""
+
+    __slots__ = ("d", "i", "kind")
+
+    def __init__(self, i: int, kind: str, d: int) -> None:
+        self.i, self.kind, self.d = i, kind, d
+
+
+class Replay:
+    """A traced replacement graph with the values it is replayed on: ``args`` for its
+    input placeholders (after ``len(sources)`` size-symbol placeholders, each read from
+    ``args[i]``'s size or stride), ``literals``: traced stand-in literal -> its value here.
+    ``plan``: the graph's :class:`Plan`, when the caller keeps one."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        args: Sequence[Any],
+        sources: Sequence[tuple[int, str, int]] = (),
+        literals: dict[Any, Any] | None = None,
+        plan: Plan | None = None,
+    ) -> None:
+        self.gm = gm
+        self.plan = plan or Plan(gm)
+        self.args = list(args)
+        self.sources = list(sources)
+        self.literals = literals or {}
+        self.made: list[tuple[Node, Node]] = []  # (traced node, its copy)
+        self.result: tuple[Any, ...] = ()  # what it returned, per output of the match
+        #: inner nodes of the match that other nodes still use (the improvements allow it):
+        #: each gets the copy computing the same value, if the replacement has one
+        self.shared: list[Node] = []
+        self.chains: set[Node] = set()  # views and no-op casts the match saw through
+        phs = self.plan.phs
+        self.sym_phs = phs[: len(self.sources)]
+        self.in_phs = phs[len(self.sources) :]
+        if len(self.in_phs) != len(self.args):
+            raise RewriteError(
+                _Named("replace_with_graph"),
+                f"the replacement graph takes {len(self.in_phs)} inputs, {len(self.args)} given",
+            )
+
+    def n_results(self) -> int:
+        return self.plan.results
+
+    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+        graph = match.graph
+        env: dict[Node, Any] = dict(zip(self.in_phs, self.args))
+        sizes: dict[tuple, Any] = {}
+
+        def size(i: int, kind: str, d: int) -> Any:
+            key = (i, kind, d)
+            if key not in sizes:
+                src = self.args[i]
+                try:
+                    v = size_of(src, kind, d)
+                except LookupError:
+                    v = None
+                if isinstance(v, int):
+                    sizes[key] = v
+                else:  # symbolic, or unknown: read it when the graph runs
+                    op = (
+                        torch.ops.aten.sym_size.int
+                        if kind == "size"
+                        else torch.ops.aten.sym_stride.int
+                    )
+                    sizes[key] = new_node(graph, "call_function", op, (src, d), {})
+            return sizes[key]
+
+        for ph, (i, kind, d) in zip(self.sym_phs, self.sources):
+            env[ph] = _SymRef(i, kind, d)
+
+        def arg(a: Any) -> Any:
+            if a.__class__ is Node:
+                v = env[a]
+                return size(v.i, v.kind, v.d) if v.__class__ is _SymRef else v
+            if self.literals and type(a) in (int, float):
+                hit = self.literals.get((type(a), a))
+                if hit is not None:
+                    return hit[0]
+            return a
+
+        sized = self.plan.sizes
+        for n in self.plan.nodes:
+            args, kwargs = map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
+            if n.op == "get_attr":
+                env[n] = self._attr(graph, n)
+                continue
+            if n.op != "call_function":
+                raise NotImplementedError(f"replacement graphs may not contain {n.op} nodes ({n})")
+            if n in sized and not _has_node((args, kwargs)):
+                env[n] = n.target(*args, **kwargs)  # a size, computed from static sizes
+                continue
+            env[n] = new = new_node(graph, "call_function", n.target, args, kwargs)
+            for key in _META:
+                if key in n.meta:
+                    new.meta[key] = n.meta[key]
+            self.made.append((n, new))
+        result = map_aggregate(self.plan.out, arg)
+        self.result = tuple(result) if isinstance(result, (list, tuple)) else (result,)
+        if self.shared:
+            return self.result + tuple(self._same_as(graph, n) for n in self.shared)
+        return tuple(result) if isinstance(result, (list, tuple)) else result
+
+    def _same_as(self, graph: fx.Graph, old: Node) -> Node:
+        """A node of the replacement computing what ``old`` computes (the same op on the
+        same values) — for a view or no-op cast the match saw through, that op redone on
+        the replacement's value of its input — else ``old`` itself (it stays for its other
+        users)."""
+        for _, new in self.made:
+            if new.target is old.target and new.args == old.args and new.kwargs == old.kwargs:
+                return new
+        if old in self.chains and isinstance(old.args[0], Node):
+            src = self._same_as(graph, old.args[0])
+            if src is not old.args[0]:
+                new = new_node(graph, old.op, old.target, (src, *old.args[1:]), dict(old.kwargs))
+                self.made.append((old, new))
+                return new
+        return old
+
+    def _attr(self, graph: fx.Graph, n: Node) -> Node:
+        value = self.gm.get_submodule(n.target) if _is_module(self.gm, n.target) else None
+        owner = graph.owning_module
+        if owner is None:
+            raise NotImplementedError(
+                "a replacement with attributes needs a graph in a GraphModule"
+            )
+        if value is None:
+            value = getattr(self.gm, n.target)
+        existing = next((name for name, m in owner.named_modules() if m is value), None)
+        if existing is None:
+            base = str(n.target).replace(".", "_")
+            existing = base
+            i = 0
+            while hasattr(owner, existing):
+                i += 1
+                existing = f"{base}_{i}"
+            if isinstance(value, torch.nn.Module):
+                owner.register_module(existing, value)
+            else:
+                owner.register_buffer(existing, value, persistent=False)
+        return new_node(graph, "get_attr", existing, (), {})
+
+
+def _is_module(gm: fx.GraphModule, target: str) -> bool:
+    try:
+        return isinstance(gm.get_submodule(target), torch.nn.Module)
+    except AttributeError:
+        return False
+
+
+class _Named:
+    """A stand-in rule for error messages about replacements outside any pattern entry."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.location = ""
+
+
+def _has_node(x: Any) -> bool:
+    if isinstance(x, Node):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_has_node(v) for v in x)
+    if isinstance(x, dict):
+        return any(_has_node(v) for v in x.values())
+    return False
+
+
+# ----- applying -----------------------------------------------------------------------------
+def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
+    """Replace ``match`` (Inductor's Match) by ``replay`` through fxpass's rewriter; returns
+    the nodes added (none if the debug counter said no)."""
+    outs = [o for o in match.output_nodes() if o is not None]
+    if not outs:
+        raise RewriteError(_Named(name), "the match has no output to replace")
+    count = replay.n_results()
+    pick: list[int] | None = None
+    extra_nodes: list[Node] = []
+    if count != len(outs):
+        if len(outs) != 1:
+            raise RewriteError(
+                _Named(name),
+                f"the replacement returns {count} values for the pattern's {len(outs)} outputs",
+            )
+        old = outs[0]
+        users = list(old.users)
+        if any(u.op != "call_function" or u.target is not operator.getitem for u in users):
+            raise RewriteError(
+                _Named(name),
+                f"the replacement returns {count} values for one output, %{old.name}, which "
+                "is used other than through getitem",
+            )
+        outs, pick, extra_nodes = users, [u.args[1] for u in users], users
+    run = match._run
+    rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
+    found = match._found
+    nodes = _nodes(match, found) + extra_nodes
+    region = set(nodes).union(found.dropped if found is not None else ())
+    out_set = set(outs)
+    replay.shared = [n for n in nodes if n not in out_set and any(u not in region for u in n.users)]
+    replay.chains = {n for chain in (found.chains if found is not None else ()) for n in chain}
+    rule = copy.copy(found.rule) if found is not None else _stub_rule(name)
+    rule.name = name
+    rule.replacement = _Pick(replay, pick) if pick is not None else replay
+    fx_match = _FxMatch(
+        rule=rule,
+        root=outs[0],
+        bindings=dict(found.bindings) if found is not None else {},
+        nodes=nodes,
+        outputs=outs + replay.shared,
+        dropped=list(found.dropped) if found is not None else [],
+        chains=list(found.chains) if found is not None else [],
+        seen_through=list(found.seen_through) if found is not None else [],
+    )
+    old_outs = list(outs)
+    if not rewriter.apply(fx_match):
+        return []
+    _transfer_meta(old_outs, replay.result, set(rewriter.created))
+    if run is not None:
+        run.replaced(fx_match.nodes, rewriter.created)
+    return [new for _, new in replay.made if not is_erased(new)]
+
+
+def _nodes(match: Any, found: Any) -> list[Node]:
+    if found is None:
+        return list(match.nodes)
+    seen = dict.fromkeys(found.nodes)
+    for n in match.nodes:
+        seen.setdefault(n, None)
+    return list(seen)
+
+
+class _Pick:
+    """A replacement returning several values for one output: each getitem user of the
+    output takes the value it indexes."""
+
+    def __init__(self, replay: Replay, pick: list[int]) -> None:
+        self.replay = replay
+        self.pick = pick
+
+    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+        shared = self.replay.shared
+        self.replay.shared = []
+        values = self.replay._fxpass_replace(match, bindings)
+        self.replay.shared = shared
+        picked = tuple(values[i] for i in self.pick)
+        self.replay.result = picked
+        return picked + tuple(self.replay._same_as(match.graph, n) for n in shared)
+
+
+def _stub_rule(name: str) -> Any:
+    from ...rewrite import P, Rule
+
+    return Rule(P.any(), lambda: None, name=name, contained=False, location="")
+
+
+def _module_or_graph(graph: fx.Graph) -> Any:
+    return graph.owning_module if graph.owning_module is not None else graph
+
+
+def _transfer_meta(old_outs: list[Node], values: Sequence[Any], created: set[Node]) -> None:
+    """Inductor's metadata on the replacement's outputs: what the replaced node carried."""
+    for old, new in zip(old_outs, values):
+        if new in created:
+            for key in _META:
+                if key in old.meta:
+                    new.meta[key] = old.meta[key]
+
+
+def replace_with_graph(match: Any, replacement_graph: Any, args: Sequence[Any]) -> list[Node]:
+    """``Match.replace_with_graph``: ``replacement_graph`` (a GraphModule) in place of the match."""
+    if not isinstance(replacement_graph, fx.GraphModule):
+        raise TypeError(
+            f"replace_with_graph needs a GraphModule, got {type(replacement_graph).__name__}"
+        )
+    name = match._run.entry_name if match._run is not None else "replace_with_graph"
+    return apply_replay(match, Replay(replacement_graph, args), name)

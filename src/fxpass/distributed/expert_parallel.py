@@ -1,0 +1,284 @@
+"""The ``expert_parallel`` pass: each rank keeps the experts of its expert group.
+
+For every mixture of experts the plan splits (:mod:`.experts` finds them), on the rank of
+expert group ``g`` holding experts ``[lo, hi)``:
+
+* the expert stacks keep rows ``lo .. hi`` (``experts / ep`` of them, the first
+  ``experts % ep`` groups one more);
+* the router's expert ids, on their way to the experts, are rotated, ``(id - lo) mod E``
+  (what else reads them — routing weights gathered by id — keeps the router's numbering),
+  so this rank's experts are
+  ``0 .. hi - lo`` and sort first: a grouped matmul runs them on their rows with the first
+  ``hi - lo`` offsets, and leaves the other rows alone;
+* ids that gather from an expert stack (biases, batched expert matmuls) are clamped into
+  the kept rows;
+* where the rows leave the experts, the rows of other groups' experts are zeroed, so what
+  leaves is this group's partial sum — all-reduced by ``tensor_parallel`` where its full
+  value is needed (the plan lists it among the collectives).
+
+Routing weights are left as they are, so top-k with or without normalised weights and
+shared experts (tensor-parallel as any MLP) compute what the single process computes.
+
+Before / after, rank 1 of 2, 4 experts (Mixtral in fp32)::
+
+    %topk = aten.topk(%softmax, 2)
+    %ids = getitem(%topk, 1)
+    ...
+    %gmm = transformers.grouped_mm_fallback(%x, %w_gate_up, %offsets)     # w: [4, 64, 256]
+    ...
+    %rows = aten.mul(%gmm_1, %routing)
+    %back = aten.index(%rows, [%inverse])
+                        ->
+    %ids = getitem(%topk, 1)
+    %sub = aten.sub(%ids, 2)
+    %remainder = aten.remainder(%sub, 4)                   # what takes ids to the experts reads this
+    ...
+    %slice = aten.slice(%offsets, 0, 0, 2)
+    %gmm = transformers.grouped_mm_fallback(%x, %w_gate_up, %slice)        # w: [2, 64, 256]
+    ...
+    %lt = aten.lt(%sorted_ids, 2)
+    %where = aten.where(%lt_view, %rows, 0.0)
+    %back = aten.index(%where, [%inverse])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..core.context import stat
+from ..core.registry import REGISTRY
+from ..edit.editor import Editor
+from ..targets.export import program_context
+from .collectives import Inserter
+from .experts import Block, find_blocks
+from .mesh import Mesh, Place, expert_range
+from .plan import PlanError, ShardPlan
+from .sites import Params
+from .tensor_parallel import (
+    current_weight,
+    fake_mode,
+    rank_key,
+    replace_weight,
+    repropagate,
+    resolve_rank,
+)
+
+__all__ = ["BlockScript", "ExpertScript", "expert_parallel", "expert_script"]
+
+aten = torch.ops.aten
+RULE = "expert_parallel"
+
+
+@dataclass
+class BlockScript:
+    """One block by node name (see :class:`fxpass.distributed.experts.Block`)."""
+
+    ids: str
+    experts: int
+    tensors: list[str]
+    grouped: list[str]
+    gathers: list[str]
+    exits: list[tuple[str, str]]
+    routed: list[str] = field(default_factory=list)  # readers of ids that reach the experts
+    whole: bool = False  # the experts are not cut over tp: one rank of each group counts
+    mlps: list[tuple[str, list[str]]] = field(default_factory=list)  # separate experts
+
+    @classmethod
+    def of(cls, block: Block, whole: bool) -> BlockScript:
+        return cls(
+            block.ids.name,
+            block.experts,
+            [t.name for t in block.tensors],
+            [g.name for g in block.grouped],
+            [g.name for g in block.gathers],
+            [(v.name, i.name) for v, i in block.exits],
+            [u.name for u in block.routed],
+            whole,
+            [(y.name, [n.name for n in body]) for y, body in block.mlps],
+        )
+
+
+@dataclass
+class ExpertScript:
+    """What every rank's ``expert_parallel`` applies, over ``mesh``."""
+
+    mesh: Mesh
+    blocks: list[BlockScript] = field(default_factory=list)
+
+    @property
+    def partial(self) -> list[str]:
+        """The values that hold each rank's partial sums (before they are masked)."""
+        return [v for b in self.blocks for v, _ in b.exits]
+
+
+def expert_script(
+    gm: fx.GraphModule, params: Params, plan: ShardPlan, *, stage: bool = False
+) -> ExpertScript:
+    """Check the plan's expert blocks against the graph (``stage``: one pipeline stage,
+    holding some of them): each must be a block the graph has, with the same experts."""
+    script = ExpertScript(plan.mesh)
+    if plan.mesh.ep == 1:
+        return script
+    found, refused = find_blocks(gm, params)
+    by_router = {b.router.name: b for b in found}
+    nodes = {n.name for n in gm.graph.nodes}
+    for planned in plan.experts:
+        block = by_router.get(planned.router)
+        if block is None:
+            if stage and planned.router not in nodes:
+                continue
+            why = next((r for r in refused if r.startswith(f"'{planned.router}'")), None)
+            raise PlanError(
+                f"the plan splits the experts of '{planned.router}', but the program has no "
+                f"such mixture of experts{f' ({why})' if why else ''}"
+            )
+        names = [params.name(t) for t in block.tensors]
+        if planned.experts != block.experts or sorted(planned.weights) != sorted(names):
+            raise PlanError(
+                f"the plan's experts of '{planned.router}' ({planned.experts}, "
+                f"{len(planned.weights)} tensors) are not the program's ({block.experts}, "
+                f"{len(names)} tensors)"
+            )
+        cut = {d.param for d in plan.decisions if d.sharded}
+        stacks = [t for t in block.tensors if t.meta["val"].dim() == 3]
+        whole = (
+            plan.mesh.tp > 1 and not block.mlps and not all(params.name(t) in cut for t in stacks)
+        )
+        script.blocks.append(BlockScript.of(block, whole))
+    return script
+
+
+def _mask(editor: Editor, value: fx.Node, ids: fx.Node, kept: int) -> None:
+    """Zero the rows of ``value`` whose (rotated) expert id is not one of the ``kept``
+    (all of them when ``kept`` is 0)."""
+    users = list(value.users)
+    put = Inserter(editor, RULE, [value], after=value)
+    flat = ids if ids.meta["val"].dim() == 1 else put(aten.reshape.default, ids, [-1])
+    mine = put(aten.lt.Scalar, flat, kept)
+    rank = value.meta["val"].dim()
+    if rank > 1:
+        mine = put(aten.view.default, mine, [int(flat.meta["val"].numel()), *[1] * (rank - 1)])
+    out = put(aten.where.ScalarOther, mine, value, 0.0)
+    for u in users:
+        editor.replace_input(u, value, out, rule=RULE)
+
+
+def _separate(editor: Editor, b: BlockScript, place: Place, nodes: dict) -> int:
+    """Separate experts, split whole over the stage's ranks: the others' outputs are zeros
+    and their nodes and weights leave the graph."""
+    lo, hi = expert_range(b.experts, place.size, place.local)
+    for e, (y, body) in enumerate(b.mlps):
+        if lo <= e < hi:
+            continue
+        out = nodes[y]
+        val = out.meta["val"]
+        zeros = editor.insert(aten.zeros.default, (list(val.shape),),
+                              {"dtype": val.dtype, "device": val.device}, rule=RULE,
+                              origin=[out], after=out, val=val)  # fmt: skip
+        editor.replace_all_uses(out, zeros, RULE)
+        for name in reversed(body[:-1] if body[-1] == y else body):
+            node = nodes[name]
+            if not node.users:
+                editor.erase(node, RULE)
+    return hi - lo
+
+
+def _block(editor: Editor, gm: fx.GraphModule, b: BlockScript, place: Place, nodes: dict,
+           mode: Any) -> int:  # fmt: skip
+    if b.mlps:
+        return _separate(editor, b, place, nodes)
+    lo, hi = expert_range(b.experts, place.mesh.ep, place.expert_group)
+    kept = hi - lo
+    ids = nodes[b.ids]
+    if lo:  # rotate: this group's experts first
+        users = [nodes[u] for u in b.routed]
+        put = Inserter(editor, RULE, [ids], after=ids)
+        rotated = put(aten.remainder.Scalar, put(aten.sub.Tensor, ids, lo), b.experts)
+        for u in users:
+            editor.replace_input(u, ids, rotated, rule=RULE)
+    for name in b.gathers:
+        node = nodes[name]
+        (index,) = node.args[1]
+        put = Inserter(editor, RULE, [node], before=node)
+        clamped = put(aten.clamp.default, index, None, kept - 1)
+        editor.set_args(node, (node.args[0], [clamped]), rule=RULE)
+    for name in b.grouped:
+        node = nodes[name]
+        put = Inserter(editor, RULE, [node], before=node)
+        args = list(node.args)
+        where = 2 if len(args) > 2 else None
+        offs = args[2] if where else node.kwargs["offs"]
+        first = put(aten.slice.Tensor, offs, 0, 0, kept)
+        if where:
+            args[2] = first
+            editor.set_args(node, tuple(args), rule=RULE)
+        else:
+            editor.set_args(node, kwargs={**node.kwargs, "offs": first}, rule=RULE)
+    # experts kept whole on each of the group's tp ranks: one of them counts their rows
+    counted = 0 if b.whole and place.tp_index else kept
+    for value, by in b.exits:
+        _mask(editor, nodes[value], nodes[by], counted)
+    for name in b.tensors:
+        node = nodes[name]
+        whole = current_weight(gm, node)
+        if whole is None:
+            raise PlanError(f"expert parallelism needs the expert weights in the program; "
+                            f"'{name}' is a graph input")  # fmt: skip
+        replace_weight(gm, node, whole.detach().narrow(0, lo, kept).clone(), mode)
+    return kept
+
+
+def apply_experts(gm: fx.GraphModule, script: ExpertScript, place: Place) -> int:
+    """Rewrite ``gm`` for the rank at ``place``; returns how many blocks were split."""
+    editor = Editor(pass_name=RULE)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    mode = fake_mode(gm)
+    changed = set()
+    for b in script.blocks:
+        kept = _block(editor, gm, b, place, nodes, mode)
+        changed |= {nodes[t] for t in b.tensors if not b.mlps}
+        stat("experts_kept", kept)
+        stat("experts_whole", b.experts)
+    repropagate(gm, mode, changed)
+    gm.graph.lint()
+    return len(script.blocks)
+
+
+@REGISTRY.register(
+    "expert_parallel",
+    origin="fxpass",
+    statistics={
+        "blocks": "mixtures of experts split across expert groups",
+        "experts_kept": "experts this rank keeps (summed over blocks)",
+        "experts_whole": "experts of the blocks split (summed over blocks)",
+    },
+)
+def expert_parallel(
+    gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1, plan: str = ""
+) -> bool:
+    """Keep this rank's experts of every mixture of experts the plan splits, rotate the
+    routing so they come first, and zero the other experts' rows where they leave (see
+    :mod:`fxpass.distributed.expert_parallel`). ``plan`` is a plan JSON file or what
+    ``fxpass.shard`` prepared; ``world_size`` and ``rank`` default to torch.distributed's."""
+    world_size, rank = resolve_rank(world_size, rank)
+    if isinstance(plan, ExpertScript):
+        script = plan
+    else:
+        if not plan:
+            raise PlanError("expert_parallel needs a plan (a JSON file from fxpass shard)")
+        the_plan = plan if isinstance(plan, ShardPlan) else ShardPlan.load(plan)
+        ctx = program_context()
+        script = expert_script(gm, Params(gm, ctx.signature if ctx else None), the_plan)
+    if script.mesh.world_size != world_size:
+        raise PlanError(f"the plan is for the mesh {script.mesh}, not {world_size} ranks")
+    if not script.blocks:
+        return False
+    stat("blocks", apply_experts(gm, script, script.mesh.place(rank)))
+    return True
+
+
+expert_parallel.cache_key = rank_key

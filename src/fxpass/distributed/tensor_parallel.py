@@ -1,0 +1,532 @@
+"""The ``tensor_parallel`` pass: one rank's program from the global one and a plan.
+
+The plan is checked against the graph and followed once (:func:`tensor_script`: every
+weight's layout, every constant to rewrite, every collective, by node name — what each rank
+applies); then, on each rank's copy of the graph, :func:`apply_script`
+
+* slices every sharded weight (and a column-parallel bias, and the weights sliced with the
+  activations they meet) to the rank's piece — in the ExportedProgram's state dict, in the
+  module's attributes for ``get_attr`` weights, or, for graphs whose weights are inputs
+  (AOT graphs inside ``torch.compile``), with slice nodes in the graph;
+* rewrites the constants that mention global sizes: reshape and expand sizes (heads),
+  slice bounds and split sizes of fused projections;
+* inserts the collectives: an all-reduce after each row-parallel matmul (its bias, if any,
+  is added after the reduction), masked lookups plus an all-reduce for a vocab-parallel
+  embedding, an all-reduce of each distributed reduction (an RMSNorm's sum of squares) and
+  of partial sums where they are needed whole, an all-gather before the graph returns a
+  sharded value;
+* propagates ``meta['val']`` again through the graph with fake tensors.
+
+Every change goes through :class:`fxpass.edit.Editor`, so the debug counter, the report's
+change list and provenance (``from_node``) see each collective.
+
+Before / after, for attention on rank 0 of 2 (HF Llama, 4 heads of 16)::
+
+    %linear = aten.linear(%x, %q_proj_weight)           # [1, 8, 64]     q_proj: [64, 64]
+    %view = aten.view(%linear, [1, 8, 4, 16])
+    ...
+    %linear_3 = aten.linear(%reshape_3, %o_proj_weight)  # [1, 8, 64]
+                        ->
+    %linear = aten.linear(%x, %q_proj_weight)           # [1, 8, 32]     q_proj: [32, 64]
+    %view = aten.view(%linear, [1, 8, 2, 16])
+    ...
+    %linear_3 = aten.linear(%reshape_3, %o_proj_weight)  # [1, 8, 64] partial sums
+    %all_reduce = _c10d_functional.all_reduce(%linear_3, "sum", "0")
+    %wait_tensor = _c10d_functional.wait_tensor(%all_reduce)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..core.context import stat
+from ..core.registry import REGISTRY
+from ..edit.editor import Editor
+from ..fxutil.paths import find_path
+from ..fxutil.values import fake_value
+from ..rewrite.metadata import MetaPropagator
+from ..targets.export import program_context
+from . import collectives
+from .analysis import check_world_size, collectives_of
+from .collectives import Inserter
+from .layout import Shard, local_slice
+from .mesh import Mesh, Place
+from .plan import PlanError, ShardError, ShardPlan, plural
+from .propagate import Flow, Refused
+from .sites import Params, Site, find_sites, target_of
+
+__all__ = [
+    "TensorScript",
+    "apply_script",
+    "fake_mode",
+    "rank_key",
+    "repropagate",
+    "resolve_rank",
+    "tensor_parallel",
+    "tensor_script",
+]
+
+aten = torch.ops.aten
+RULE = "tensor_parallel"
+
+
+def resolve_rank(world_size: int, rank: int) -> tuple[int, int]:
+    """``(world_size, rank)``, taking what is unset (0 and -1) from torch.distributed."""
+    if world_size <= 0 or rank < 0:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ShardError(
+                "tensor_parallel needs world_size and rank: pass them as options, or "
+                "initialize torch.distributed first"
+            )
+        world_size = world_size if world_size > 0 else dist.get_world_size()
+        rank = rank if rank >= 0 else dist.get_rank()
+    if not 0 <= rank < world_size:
+        raise ShardError(f"rank {rank} is not in a world of size {world_size}")
+    return world_size, rank
+
+
+# ----- the plan, checked and followed once ------------------------------------------------------
+@dataclass
+class TensorScript:
+    """The tensor-parallel rewrite of one graph by node name: what every rank applies."""
+
+    layouts: dict[str, Shard] = field(default_factory=dict)  # weight node -> layout
+    edits: list[tuple[str, tuple[str, Any], Any]] = field(default_factory=list)
+    rows: list[tuple[str, str | None]] = field(default_factory=list)  # (matmul, bias)
+    embeddings: list[tuple[str, int]] = field(default_factory=list)  # (lookup, rows)
+    reductions: list[tuple[str, str, float, list[str]]] = field(default_factory=list)
+    gathers: list[tuple[str, Shard]] = field(default_factory=list)
+    rank0_adds: list[str] = field(default_factory=list)
+    collectives: list[dict[str, Any]] = field(default_factory=list)
+    mesh: Mesh | None = None
+    local_slices: list[tuple[str, str, Shard]] = field(default_factory=list)  # (reader, value)
+
+    @classmethod
+    def of(cls, flow: Flow, layouts: Mapping[fx.Node, Shard], mesh: Mesh) -> TensorScript:
+        return cls(
+            {n.name: s for n, s in layouts.items()},
+            [(n.name, where, value) for n, where, value in flow.edits],
+            [(s.node.name, s.bias.name if s.bias is not None else None) for s in flow.partial],
+            [(s.node.name, s.out_features) for s in flow.embeddings],
+            [(r.value.name, r.op, r.scale, [u.name for u in r.users]) for r in flow.reductions],
+            [(v.name, s) for v, s in flow.gathers],
+            [n.name for n in flow.rank0_adds],
+            collectives_of(flow),
+            mesh,
+            [(r.name, v.name, sh) for r, v, sh in flow.local_slices],
+        )
+
+
+def _site_layouts(
+    plan: ShardPlan, gm: fx.GraphModule, params: Params, sites: list[Site], stage: bool
+) -> dict[fx.Node, Shard]:
+    """The layout of every weight the plan cuts, checked against the graph (``stage``:
+    the graph is one pipeline stage, holding some of the plan's weights)."""
+    weights = params.by_name()
+    nodes = {n.name: n for n in gm.graph.nodes}
+    by_node = {s.node: s for s in sites}
+    layouts: dict[fx.Node, Shard] = {}
+    for d in plan.decisions:
+        if d.param not in weights:
+            if stage:
+                continue
+            raise PlanError(
+                f"the plan names the weight '{d.param}', which the program does not have "
+                "(was the plan made for another program?)"
+            )
+        if d.node not in nodes:
+            raise PlanError(
+                f"the plan says node '{d.node}' reads '{d.param}', but the program has no "
+                f"node '{d.node}'"
+            )
+        if not d.sharded:
+            continue
+        if d.ways not in (0, plan.mesh.tp):
+            raise PlanError(
+                f"'{d.param}' is cut {d.ways} ways, but the mesh's tp is {plan.mesh.tp}"
+            )
+        weight = weights[d.param]
+        parts = tuple(d.parts) if len(d.parts) > 1 else ()
+        if d.style == "slice":
+            if d.dim >= len(weight.meta["val"].shape):
+                raise PlanError(f"'{d.param}' has no dim {d.dim} to slice")
+            layouts[weight] = Shard(d.dim, parts=parts, ways=d.ways)
+            continue
+        site = by_node.get(nodes[d.node])
+        if site is None or site.weight is not weight:
+            raise PlanError(f"node '{d.node}' does not use '{d.param}' as a weight")
+        if (d.style == "vocab") != (site.kind == "embedding") or (d.style == "batch") != (
+            site.kind == "batched"
+        ):
+            raise PlanError(f"'{d.param}' is read by a {site.kind}, which cannot be {d.style}")
+        want = {"row": site.in_dim, "batch": 0}.get(d.style, site.out_dim)
+        if d.dim != want:
+            raise PlanError(f"a {d.style} cut of '{d.param}' is along dim {want}, not {d.dim}")
+        features = site.in_features if d.style == "row" else site.out_features
+        if d.parts and sum(d.parts) != features:
+            raise PlanError(f"the parts {d.parts} of '{d.param}' do not add up to {features}")
+        layouts[weight] = Shard(d.dim, parts=parts, ways=d.ways)
+        if site.bias is not None and d.style == "column":
+            layouts[site.bias] = Shard(0, parts=parts, ways=d.ways)
+    return layouts
+
+
+def tensor_script(
+    gm: fx.GraphModule,
+    params: Params,
+    plan: ShardPlan,
+    *,
+    partial: list[str] = (),
+    stage: bool = False,
+) -> TensorScript:
+    """Check ``plan`` against the graph and follow it: what each rank's rewrite applies.
+    ``partial`` names the values that hold partial sums (each rank's experts' rows). A
+    plan that does not fit raises :class:`PlanError`, an uneven one :class:`ShardError`."""
+    sites = list(find_sites(gm, params))
+    layouts = _site_layouts(plan, gm, params, sites, stage)
+    biases = {s.bias for s in sites if s.bias is not None} - {s.weight for s in sites}
+    weights = {w: s for w, s in layouts.items() if w not in biases}  # biases follow sites
+    nodes = {n.name: n for n in gm.graph.nodes}
+    size = plan.mesh.stage_size
+    try:
+        flow = Flow(gm, {s.node: s for s in sites}, weights, size, params=params,
+                    partial_seeds=[nodes[n] for n in partial if n in nodes]).run()  # fmt: skip
+    except Refused as e:
+        raise PlanError(f"the plan does not fit the program: {e}") from None
+    for req in flow.requirements:
+        ways = req.ways or size
+        if req.units % ways:
+            raise ShardError(
+                f"{req.what}: {req.units} cannot be split across {plural(ways, 'rank')}"
+            )
+    return TensorScript.of(flow, layouts, plan.mesh)
+
+
+# ----- applying it on one rank --------------------------------------------------------------------
+def _row(editor: Editor, site: fx.Node, bias: fx.Node | None, group: str) -> None:
+    """All-reduce a row-parallel matmul's partial sums; add its bias after the reduction."""
+    node = site
+    if bias is not None:
+        if target_of(node) is aten.addmm.default:
+            new = editor.insert(aten.mm.default, node.args[1:], rule=RULE, origin=[node],
+                                after=node)  # fmt: skip
+            editor.replace_all_uses(node, new, RULE)
+            node = new
+        else:
+            kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
+            editor.set_args(node, node.args[:2], kwargs, rule=RULE)
+    users = list(node.users)
+    put = Inserter(editor, RULE, [node], after=node)
+    out = collectives.all_reduce(put, node, group)
+    if bias is not None:
+        out = put(aten.add.Tensor, out, bias)
+    out = _writable(put, out, users, node)
+    for u in users:
+        editor.replace_input(u, node, out, rule=RULE)
+
+
+def _embedding(editor: Editor, node: fx.Node, rows: int, place: Place) -> None:
+    """Vocab-parallel lookup: ids outside this rank's rows look up row 0 and are zeroed."""
+    local = rows // place.size
+    start = place.local * local
+    ids = node.args[1]
+    put = Inserter(editor, RULE, [node], before=node)
+    inside = put(aten.logical_and.default, put(aten.ge.Scalar, ids, start),
+                 put(aten.lt.Scalar, ids, start + local))  # fmt: skip
+    shifted = put(aten.mul.Tensor, put(aten.sub.Tensor, ids, start), inside)
+    editor.set_args(node, (node.args[0], shifted), {}, rule=RULE)  # padding_idx: gradients
+    users = list(node.users)
+    # a product with the mask, not masked_fill: Inductor decomposes masked_fill before
+    # its post-grad passes, where this rewrite may run
+    after = Inserter(editor, RULE, [node], after=node)
+    zeroed = after(aten.mul.Tensor, node, after(aten.unsqueeze.default, inside, -1))
+    out = collectives.all_reduce(after, zeroed, place.group)
+    for u in users:
+        editor.replace_input(u, node, out, rule=RULE)
+
+
+def _reduction(
+    editor: Editor, value: fx.Node, op: str, scale: float, users: list[fx.Node], group: str
+) -> None:
+    readers = users or [u for u in value.users]
+    put = Inserter(editor, RULE, [value], after=value)
+    out = collectives.all_reduce(put, value, group, op)
+    if scale != 1.0:
+        out = put(aten.mul.Tensor, out, scale)
+    out = _writable(put, out, readers, value)
+    for u in readers:
+        editor.replace_input(u, value, out, rule=RULE)
+
+
+def _writes_first(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.arguments:
+        return False
+    info = schema.arguments[0].alias_info
+    return info is not None and info.is_write
+
+
+def _writable(put: Inserter, out: fx.Node, readers: list[fx.Node], value: fx.Node) -> fx.Node:
+    """``out``, cloned when a reader writes into ``value`` in place (a collective's result
+    is a view autograd forbids writing)."""
+    if any(_writes_first(u) and u.args[0] is value for u in readers):
+        return put(aten.clone.default, out)
+    return out
+
+
+def _gather(editor: Editor, value: fx.Node, shard: Shard, place: Place) -> None:
+    out = value.graph.output_node()
+    local = list(value.meta["val"].shape)
+    _, count = place.piece(shard.ways)
+    local[shard.dim] //= count
+    put = Inserter(editor, RULE, [value], before=out)
+    full = collectives.all_gather(put, value, local, shard.dim, count, place.group)
+    editor.replace_input(out, value, full, rule=RULE)
+
+
+def _local_slice(
+    editor: Editor, reader: fx.Node, value: fx.Node, shard: Shard, place: Place
+) -> None:
+    """``reader`` takes this rank's piece of the replicated ``value`` (its experts' batch)."""
+    index, count = place.piece(shard.ways)
+    size = int(value.meta["val"].shape[shard.dim]) // count
+    put = Inserter(editor, RULE, [value], before=reader)
+    piece = put(aten.slice.Tensor, value, shard.dim, index * size, (index + 1) * size)
+    editor.replace_input(reader, value, piece, rule=RULE)
+
+
+def _edit(editor: Editor, node: fx.Node, where: tuple[str, Any], value: Any) -> None:
+    kind, key = where
+    if kind == "args":
+        args = list(node.args)
+        args[key] = value
+        editor.set_args(node, tuple(args), rule=RULE)
+    else:
+        editor.set_args(node, kwargs={**node.kwargs, key: value}, rule=RULE)
+
+
+# ----- weights -----------------------------------------------------------------------------
+def _slice_in_graph(editor: Editor, node: fx.Node, shard: Shard, place: Place) -> None:
+    size = int(node.meta["val"].shape[shard.dim])
+    index, count = place.piece(shard.ways)
+    users = list(node.users)
+    put = Inserter(editor, RULE, [node], after=node)
+    pieces, start = [], 0
+    for p in shard.parts or (size,):
+        chunk = p // count
+        begin = start + index * chunk
+        pieces.append(put(aten.slice.Tensor, node, shard.dim, begin, begin + chunk))
+        start += p
+    out = pieces[0] if len(pieces) == 1 else put(aten.cat.default, pieces, shard.dim)
+    for u in users:
+        editor.replace_input(u, node, out, rule=RULE)
+
+
+def replace_weight(gm: fx.GraphModule, node: fx.Node, new: torch.Tensor, mode: Any) -> bool:
+    """Put ``new`` where the graph keeps ``node``'s tensor (and its fake value in
+    ``meta['val']``); False when the graph has no tensor for it (its weights are inputs)."""
+    ctx = program_context()
+    if node.op == "get_attr":
+        owner_path, _, attr = str(node.target).rpartition(".")
+        owner = find_path(gm, owner_path) if owner_path else gm
+        old = getattr(owner, attr)
+        if isinstance(old, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+        setattr(owner, attr, new)
+    else:
+        spec = ctx.input_spec(node) if ctx is not None else None
+        if spec is None or spec.target is None:
+            return False
+        store = ctx.state_dict if spec.target in ctx.state_dict else ctx.constants
+        old = store[spec.target]
+        if isinstance(old, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+        store[spec.target] = new
+    node.meta["val"] = mode.from_tensor(new, static_shapes=True)
+    return True
+
+
+def current_weight(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
+    """The tensor behind a weight node: a ``get_attr``, or a program's parameter."""
+    if node.op == "get_attr":
+        value = find_path(gm, str(node.target))
+        return value if isinstance(value, torch.Tensor) else None
+    ctx = program_context()
+    return ctx.value(node) if ctx is not None else None
+
+
+def fake_mode(gm: fx.GraphModule) -> Any:
+    """The fake mode of the graph's placeholders (a new one when they have none)."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    return mode or FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _slice_weights(
+    editor: Editor, gm: fx.GraphModule, layouts: Mapping[fx.Node, Shard], place: Place, mode: Any
+) -> tuple[int, int]:
+    """Slice every sharded weight; returns (bytes before, bytes after) of those weights."""
+    before = after = 0
+    for node, shard in layouts.items():
+        value = current_weight(gm, node)
+        if value is None:
+            _slice_in_graph(editor, node, shard, place)
+            continue
+        index, count = place.piece(shard.ways)
+        new = local_slice(value.detach(), shard, index, count)
+        before += value.numel() * value.element_size()
+        after += new.numel() * new.element_size()
+        replace_weight(gm, node, new, mode)
+    return before, after
+
+
+def _spec(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return (tuple(val.shape), tuple(val.stride()), val.dtype)
+    if isinstance(val, (list, tuple)):
+        return tuple(_spec(v) for v in val)
+    return val
+
+
+def repropagate(gm: fx.GraphModule, mode: Any, changed: set[fx.Node] | None = None) -> None:
+    """Recompute ``meta['val']`` where it may be stale: nodes without one, and every node
+    downstream of a value whose metadata changed (``changed``: the weights sliced). Results
+    are cached by op and input metadata, so a model's repeated layers cost one layer."""
+    prop = MetaPropagator()
+    prop.fake_mode = mode
+    changed = set(changed or ())
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        stale = "val" not in node.meta or any(a in changed for a in node.all_input_nodes)
+        if not stale:
+            continue
+        old = node.meta.pop("val", None)
+        prop.values([node], {}, node)
+        if "val" not in node.meta:  # the cache and the fake kernel could not say: be strict
+            node.meta["val"] = fake_value(node.target, node.args, node.kwargs, mode=mode,
+                                          strict=True)  # fmt: skip
+        if old is None or _spec(old) != _spec(node.meta["val"]):
+            changed.add(node)
+
+
+def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place) -> None:
+    """Rewrite ``gm`` in place into the graph of the rank at ``place`` (see the module
+    docstring)."""
+    editor = Editor(pass_name=RULE)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for name, where, value in script.edits:
+        _edit(editor, nodes[name], where, value)
+    if place.tp_index:  # a bias added to partial sums: one rank of each expert group adds it
+        for name in script.rank0_adds:
+            editor.replace_all_uses(nodes[name], nodes[name].args[0], RULE)
+    for name, bias in script.rows:
+        if editor.allow():
+            _row(editor, nodes[name], nodes.get(bias) if bias else None, place.group)
+    for name, rows in script.embeddings:
+        if editor.allow():
+            _embedding(editor, nodes[name], rows, place)
+    for name, op, scale, users in script.reductions:
+        if editor.allow():
+            _reduction(editor, nodes[name], op, scale, [nodes[u] for u in users], place.group)
+    for name, shard in script.gathers:
+        if editor.allow():
+            _gather(editor, nodes[name], shard, place)
+    for reader, value, shard in script.local_slices:
+        _local_slice(editor, nodes[reader], nodes[value], shard, place)
+    mode = fake_mode(gm)
+    layouts = {nodes[n]: s for n, s in script.layouts.items()}
+    before, after = _slice_weights(editor, gm, layouts, place, mode)
+    repropagate(gm, mode, set(layouts))
+    gm.graph.lint()
+    stat("sharded_weights", len(layouts))
+    stat("collectives", len(script.collectives))
+    stat("weight_bytes_unsharded", before)
+    stat("weight_bytes_rank", after)
+
+
+# ----- the pass --------------------------------------------------------------------------------
+def script_for(gm: fx.GraphModule, plan: Any, world_size: int) -> TensorScript:
+    """The script of ``plan`` (a ShardPlan, a script prepared by ``fxpass.shard``, or None:
+    analyze the graph)."""
+    from .analysis import _Analysis
+    from .experts import find_blocks
+
+    if isinstance(plan, TensorScript):
+        return plan
+    ctx = program_context()
+    params = Params(gm, ctx.signature if ctx is not None else None)
+    if plan is None:
+        blocks = find_blocks(gm, params)[0]
+        plan = _Analysis(gm, params, Mesh(tp=world_size), "error", blocks).run()
+    if plan.world_size != world_size:
+        raise PlanError(
+            f"the plan was made for the mesh {plan.mesh}, not {plural(world_size, 'rank')}; "
+            "make a new plan or edit its mesh"
+        )
+    if plan.mesh.pp > 1 or plan.mesh.ep > 1:
+        raise PlanError(
+            f"the plan's mesh {plan.mesh} has pipeline stages or expert groups: shard the "
+            "program with fxpass.shard, which runs every strategy"
+        )
+    return tensor_script(gm, params, plan)
+
+
+@REGISTRY.register(
+    "tensor_parallel",
+    origin="fxpass",
+    statistics={
+        "sharded_weights": "weights cut across ranks",
+        "collectives": "collectives inserted",
+        "weight_bytes_unsharded": "bytes of the sharded weights, whole",
+        "weight_bytes_rank": "bytes of the sharded weights on this rank",
+    },
+)
+def tensor_parallel(
+    gm: fx.GraphModule,
+    *,
+    world_size: int = 0,
+    rank: int = -1,
+    plan: str = "",
+    group: str = collectives.DEFAULT_GROUP,
+) -> bool:
+    """Shard the graph for one rank of a tensor-parallel group: slice the weights, rewrite
+    head counts, insert functional collectives (see :mod:`fxpass.distributed.tensor_parallel`).
+
+    ``world_size`` and ``rank`` default to torch.distributed's (so the pass runs as is
+    inside ``torch.compile`` on each rank); ``plan`` is a plan JSON file (default: analyze
+    the graph); ``group`` names the process group (``"0"``: the default group).
+    """
+    world_size, rank = resolve_rank(world_size, rank)
+    check_world_size(world_size)
+    if world_size == 1:
+        return False
+    the_plan = ShardPlan.load(plan) if isinstance(plan, str) and plan else plan or None
+    script = script_for(gm, the_plan, world_size)
+    mesh = script.mesh or Mesh(tp=world_size)
+    named = group != collectives.DEFAULT_GROUP and mesh.pp == 1
+    apply_script(gm, script, mesh.place(rank, group if named else None))
+    return True
+
+
+def rank_key(*, world_size: int = 0, rank: int = -1, **_: Any) -> str:
+    """What a rank-dependent pass adds to Inductor's cache key: the rank it will shard for
+    (without it, ranks sharing a cache directory would run each other's compiled code)."""
+    try:
+        world_size, rank = resolve_rank(world_size, rank)
+    except ShardError:
+        return "rank unresolved"
+    return f"rank {rank} of {world_size}"
+
+
+tensor_parallel.cache_key = rank_key

@@ -1,0 +1,78 @@
+"""Tolerances: never negative (a negative one fails equal values with error 0); the float32
+run that tells bf16 rounding from a wrong rewrite, and what a comparison says without it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import fx, nn
+
+from fxpass.verify.compare import (
+    ReferenceUnavailable,
+    compare_outputs,
+    run_graph_promoted,
+    tolerance_for,
+)
+from fxpass.verify.numerics import verify_numerics
+
+
+def bf16_kernel(x):
+    """A kernel with a fixed dtype contract: the float32 run of a graph calling it fails."""
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"bf16_kernel takes bfloat16, not {x.dtype}")
+    return x * 3
+
+
+fx.wrap("bf16_kernel")
+
+
+class _Scaled(nn.Module):
+    def __init__(self, shift: float = 0.0):
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, x):
+        return bf16_kernel(x) + self.shift
+
+
+@pytest.mark.parametrize("rtol, atol", [(-1.0, None), (None, -1e-3), (math.nan, None)])
+def test_a_negative_tolerance_is_refused(rtol, atol):
+    x = torch.ones(3)
+    with pytest.raises(ValueError, match="must be a number >= 0"):
+        compare_outputs(x, x, rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="must be a number >= 0"):
+        tolerance_for(torch.float32, rtol, atol)
+
+
+def test_zero_tolerances_compare_exactly():
+    x = torch.ones(3)
+    assert compare_outputs(x, x, rtol=0, atol=0).ok
+    assert not compare_outputs(x, x + 1e-6, rtol=0, atol=0).ok
+
+
+def test_a_float32_run_that_fails_is_reported_not_lost():
+    gm = fx.symbolic_trace(_Scaled())
+    x = torch.randn(64, dtype=torch.bfloat16)
+    truth = run_graph_promoted(gm, [x])
+    assert isinstance(truth, ReferenceUnavailable)
+    assert "TypeError: bf16_kernel takes bfloat16, not torch.float32" in truth.why
+    expected = gm(x)
+    cmp = compare_outputs([expected], [expected + 0.5], truth=truth)
+    assert not cmp.ok and cmp.worst.no_reference == truth.why
+    assert "whether this is bfloat16 rounding or a wrong rewrite is unknown" in cmp.summary()
+    assert cmp.to_dict()["no_reference"] == cmp.to_dict()["failures"][0]["no_reference"]
+    assert compare_outputs([expected], [expected], truth=truth).ok  # nothing to forgive
+
+
+def test_verify_numerics_says_the_yardstick_is_missing():
+    x = torch.randn(64, dtype=torch.bfloat16)
+    cmp = verify_numerics(fx.symbolic_trace(_Scaled()), fx.symbolic_trace(_Scaled(0.5)), [x])
+    assert not cmp.ok
+    assert "the float32 run of the original failed (TypeError: bf16_kernel" in str(cmp)
+
+
+def test_a_graph_without_low_precision_needs_no_float32_run():
+    gm = fx.symbolic_trace(nn.ReLU())
+    assert run_graph_promoted(gm, [torch.randn(4)]) is None
