@@ -23,7 +23,8 @@ from ..fxutil.fx import pytree_info, set_pytree_info
 from ..rewrite._state import MISSING, MatchState
 from ..rewrite.interpret import Cont
 from ..rewrite.order import TopoOrder, find_cycle
-from ..rewrite.pattern import Lit, P, Pattern, Seq, Var, mark_shared
+from ..rewrite.pattern import Lit, P, Pattern, Seq, Var
+from ..rewrite.rule import mark_shared
 from ..rewrite.spelling import Module
 from ..rewrite.torchlike import TorchMatching
 

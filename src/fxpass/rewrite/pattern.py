@@ -584,20 +584,3 @@ class P(Pattern):
             r = self._cache[key] = layout(self, target, eager)
             self._keep.append(target)  # keeps the id valid while cached
         return r
-
-
-def mark_shared(roots: Iterable[Pattern]) -> None:
-    """Flag every pattern object used more than once (a DAG), so all uses bind one node."""
-    counts: dict[int, int] = {}
-    objs: dict[int, Pattern] = {}
-    stack = list(roots)
-    while stack:
-        p = stack.pop()
-        counts[id(p)] = counts.get(id(p), 0) + 1
-        if counts[id(p)] == 1:
-            objs[id(p)] = p
-            stack.extend(p.children())
-    for key, n in counts.items():
-        p = objs[key]
-        if n > 1 and not isinstance(p, Lit):
-            p._shared = True

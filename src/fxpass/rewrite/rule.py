@@ -30,8 +30,8 @@ from torch.fx import Node
 from ..edit.location import caller_location, short
 from ._state import MISSING
 from .match import match_at
+from .pattern import Lit, Pattern
 from .pattern import P as _Op
-from .pattern import Pattern, mark_shared
 from .region import Match
 
 __all__ = ["DROPPABLE_USERS", "Rule", "as_rule"]
@@ -73,6 +73,23 @@ def _call_with(fn: Callable, names: tuple[str, ...], takes_all: bool, env: dict,
     if "match" in names or takes_all:
         kwargs["match"] = match
     return fn(**kwargs)
+
+
+def mark_shared(roots: Iterable[Pattern]) -> None:
+    """Flag every pattern object used more than once (a DAG), so all uses bind one node."""
+    counts: dict[int, int] = {}
+    objs: dict[int, Pattern] = {}
+    stack = list(roots)
+    while stack:
+        p = stack.pop()
+        counts[id(p)] = counts.get(id(p), 0) + 1
+        if counts[id(p)] == 1:
+            objs[id(p)] = p
+            stack.extend(p.children())
+    for key, n in counts.items():
+        p = objs[key]
+        if n > 1 and not isinstance(p, Lit):
+            p._shared = True
 
 
 class Rule:

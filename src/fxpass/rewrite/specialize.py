@@ -105,6 +105,21 @@ def _memo(p: Pattern) -> Callable[[Any, MatchState, Cont], bool | None] | None:
     return hit
 
 
+def _accept(p: Pattern) -> Fn:
+    """Takes a value that passed ``p``'s own checks: ``p``'s memo where it is shared, then
+    its binding, then the rest."""
+    memo, bind = _memo(p), _binder(p)
+
+    def accept(v: Any, st: MatchState, k: Cont) -> bool:
+        if memo is not None:
+            hit = memo(v, st, k)
+            if hit is not None:
+                return hit
+        return k() if bind is None else bind(v, st, k)
+
+    return accept
+
+
 def _then(bind: Any, v: Any, st: MatchState, k: Cont) -> Cont:
     return k if bind is None else (lambda: bind(v, st, k))
 
@@ -154,7 +169,7 @@ class _Builder:
         return var
 
     def const(self, p: Const) -> Fn:
-        memo, bind = _memo(p), _binder(p)
+        accept = _accept(p)
         types, where = p.types, p.where
 
         def const(v: Any, st: MatchState, k: Cont) -> bool:
@@ -164,27 +179,19 @@ class _Builder:
                 return False
             if where is not None and not where(v):
                 return False
-            if memo is not None:
-                hit = memo(v, st, k)
-                if hit is not None:
-                    return hit
-            return k() if bind is None else bind(v, st, k)
+            return accept(v, st, k)
 
         return const
 
     def scalar(self, p: Scalar) -> Fn:
-        memo, bind = _memo(p), _binder(p)
+        accept = _accept(p)
         types = p.types
 
         def scalar(v: Any, st: MatchState, k: Cont) -> bool:
             number = constant_number(v) if v.__class__ is Node else v
             if not is_a(number, types):
                 return False
-            if memo is not None:
-                hit = memo(number, st, k)
-                if hit is not None:
-                    return hit
-            return k() if bind is None else bind(number, st, k)
+            return accept(number, st, k)
 
         return scalar
 
