@@ -18,11 +18,7 @@ aten = torch.ops.aten
 
 @pytest.fixture
 def codegen(monkeypatch):
-    """How often torch generated a graph's Python code (Graph.python_code calls), with
-    torch's structured log off: pytest's log capture hangs its handlers on every logger that
-    does not propagate, torch's trace log too, which turns tracing on (a trace writes the
-    graphs, as code, on purpose)."""
-    monkeypatch.setattr(fp.targets.runner, "tracing", lambda: False)
+    """How often torch generated a graph's Python code (Graph.python_code calls)."""
     calls = []
     real = fx.Graph.python_code
 
