@@ -37,12 +37,14 @@ _FAKE = FakeEvaluator(strictness=Strictness.LENIENT, new_mode=False, owner="fusi
 
 
 def fake_result(op: Any, *args: Any) -> Any:
-    """``op``'s fake kernel on the fake values of ``args`` (nodes or proxies; other
-    arguments as they are); None where a value is missing or the kernel raises."""
+    """The layout of ``op``'s result on the fake values of ``args`` (nodes or proxies; other
+    arguments as they are): tensors with its sizes, strides and dtype (fake, or meta when
+    an earlier site had the same inputs); None where a value is missing or the kernel
+    raises."""
     vals = [value_of(_node(a)) if isinstance(_node(a), Node) else a for a in args]
     if not any(isinstance(v, torch.Tensor) for v in vals):
         return None
-    return _FAKE.run(op, tuple(vals))
+    return _FAKE.run(op, tuple(vals), layout_only=True)
 
 
 def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
