@@ -90,3 +90,19 @@ def test_run_labels_are_file_names():
     )
     assert run_label("dynamo", {"hook": "dynamo", "range": "tokens:1..8"}) == "dynamo_tokens_1_8"
     assert run_label("") == "pipeline"
+
+
+def test_torchs_idle_trace_handler_does_not_turn_tracing_on():
+    # Every process starts with torch's lazy trace handler (no directory) on the trace log;
+    # it writes nothing, so runs must not render graphs for it.
+    from torch._logging._internal import LazyTraceHandler, trace_log
+
+    idle = LazyTraceHandler(None)
+    saved = trace_log.handlers[:]
+    trace_log.handlers[:] = [idle]
+    try:
+        assert not tracing()
+        trace_log.addHandler(LazyTraceHandler("/tmp/fxpass-trace-never-written"))
+        assert tracing()
+    finally:
+        trace_log.handlers[:] = saved

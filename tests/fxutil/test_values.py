@@ -80,6 +80,24 @@ def test_results_are_cached_by_input_metadata(gm):
     assert all(same_value(v, node_val(n), grad=False) for v, n in zip(first, mms))
 
 
+def test_a_layout_only_hit_is_the_remembered_layout_without_a_fake_tensor(gm):
+    cache = FakeResults()
+    evaluator = FakeEvaluator.for_graph(gm, cache=cache)
+    mm = _mm(gm)
+    args = tuple(node_val(a) for a in mm.args)
+    first = evaluator.run(aten.mm.default, args, layout_only=True)  # a miss: computed, fake
+    assert first.fake_mode is evaluator.mode
+    again = evaluator.run(aten.mm.default, args, layout_only=True)
+    assert again.device.type == "meta" and cache.hits == 1
+    assert (again.shape, again.stride(), again.dtype) == (first.shape, first.stride(), first.dtype)
+    assert evaluator.run(aten.mm.default, args, layout_only=True) is again  # built once
+    fresh = evaluator.run(aten.mm.default, args)  # a caller that needs a value gets one
+    assert fresh.fake_mode is evaluator.mode and fresh is not first
+    transposed = (args[0], args[1].t())  # other input layouts: another entry
+    other = evaluator.run(aten.mm.default, transposed, layout_only=True)
+    assert other.fake_mode is evaluator.mode and cache.hits == 3  # two layout hits, one fresh
+
+
 def test_real_tensors_become_fake_in_the_evaluators_mode(gm):
     evaluator = FakeEvaluator.for_graph(gm)
     value = evaluator.fake((torch.ones(2), 3))

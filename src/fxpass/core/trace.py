@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -41,10 +42,22 @@ __all__ = ["StructuredTrace", "artifact", "run_label", "tracing"]
 
 
 def tracing() -> bool:
-    """Whether torch's structured log is on (``TORCH_TRACE`` or ``torch._logging``)."""
-    from torch._logging._internal import trace_log
+    """Whether torch's structured log is on (``TORCH_TRACE``, or a handler someone added).
 
-    return bool(trace_log.handlers)
+    torch hangs a lazy trace handler with no directory on its trace log in every process; it
+    writes nothing outside Meta's own environment and removes itself on the first record.
+    That one does not count, or the first run of every process would render graphs for a log
+    nobody writes; nor do pytest's log-capture handlers, which pytest hangs on every logger
+    that does not propagate (they keep records for test reports, not for tlparse).
+    """
+    from torch._logging._internal import LazyTraceHandler, trace_log
+
+    def writes_a_trace(handler: logging.Handler) -> bool:
+        if isinstance(handler, LazyTraceHandler):
+            return handler.root_dir is not None
+        return not type(handler).__module__.startswith("_pytest.")
+
+    return any(writes_a_trace(h) for h in trace_log.handlers)
 
 
 def artifact(name: str, payload: Any, *, json_payload: bool = False) -> None:

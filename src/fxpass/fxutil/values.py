@@ -217,6 +217,17 @@ def _make(spec: Any, mode: Any) -> Any:
     return kind(_make(s, mode) for s in spec[1])
 
 
+def _layout(spec: Any) -> Any:
+    """The remembered result as meta tensors: sizes, strides and dtype, nothing else."""
+    kind = spec[0]
+    if kind == "T":
+        _, sizes, strides, dtype, _device, _grad = spec
+        return torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
+    if kind == "V":
+        return spec[1]
+    return kind(_layout(s) for s in spec[1])
+
+
 class FakeResults:
     """What ops computed on fake inputs, by the inputs' metadata (static shapes only).
 
@@ -225,13 +236,15 @@ class FakeResults:
     >>> if out is None: out = cache.put(op, args, kwargs, op(*args, **kwargs))  # doctest: +SKIP
 
     A hit is a *fresh* fake tensor (its own storage) with the remembered sizes, strides,
-    dtype, device and ``requires_grad``. Never cached: ops that alias an input; calls with a
+    dtype, device and ``requires_grad``; or, for a caller that reads only the layout
+    (``layout_only``), the same meta tensors on every hit, built once. Never cached: ops that alias an input; calls with a
     constant-folded input, with symbolic sizes, or without a fake (non-constant) tensor
     input (fake tensor mode may fold those into constants).
     """
 
     def __init__(self, limit: int = 4096) -> None:
         self._specs: dict[Any, tuple[Any, Any]] = {}
+        self._layouts: dict[Any, Any] = {}
         self.limit = limit
         self.hits = 0
 
@@ -244,13 +257,23 @@ class FakeResults:
             raise _Uncacheable
         return key
 
-    def get(self, op: Any, args: Any, kwargs: Any, mode: Any) -> Any:
-        """A fresh result for ``op(*args, **kwargs)`` if one was remembered, else None."""
+    def get(self, op: Any, args: Any, kwargs: Any, mode: Any, *, layout_only: bool = False) -> Any:
+        """A fresh result for ``op(*args, **kwargs)`` if one was remembered, else None;
+        with ``layout_only``, its sizes, strides and dtype as meta tensors (no mode needed)."""
         try:
-            hit = self._specs.get(self._key(op, args, kwargs))
+            key = self._key(op, args, kwargs)
         except (_Uncacheable, TypeError):
             return None
-        if hit is None or hit[0] is not op or mode is None:
+        hit = self._specs.get(key)
+        if hit is None or hit[0] is not op:
+            return None
+        if layout_only:
+            layout = self._layouts.get(key)
+            if layout is None:
+                layout = self._layouts[key] = _layout(hit[1])
+            self.hits += 1
+            return layout
+        if mode is None:
             return None
         self.hits += 1
         return _build(hit[1], mode)
@@ -263,6 +286,7 @@ class FakeResults:
             return result
         if len(self._specs) >= self.limit:
             self._specs.clear()
+            self._layouts.clear()
         self._specs[key] = (op, spec)  # the op keeps its id valid
         return result
 
@@ -384,14 +408,21 @@ class FakeEvaluator:
         node: fx.Node | None = None,
         like: Any = None,
         call: Callable[[Any, Any, Any], Any] | None = None,
+        layout_only: bool = False,
     ) -> Any:
         """``target(*args, **kwargs)`` on fake values (``kind`` ``call_method``: a method of
         ``args[0]``). ``node`` names the node it is for, in notes; ``like`` helps find the
         fake mode of a call without tensor arguments; ``call(target, args, kwargs)`` runs
         it instead (inside a mode the caller manages) — the cache and strictness still
-        apply."""
+        apply. ``layout_only``: the caller reads only sizes, strides and dtype, so a result
+        remembered from an earlier call may come back as meta tensors, without a fake mode
+        or a fresh tensor (a fusion deciding on layouts at every site of one shape)."""
         kwargs = {} if kwargs is None else kwargs
         cache = self.cache if kind == "call_function" else None
+        if layout_only and cache is not None:
+            hit = cache.get(target, args, kwargs, None, layout_only=True)
+            if hit is not None:
+                return hit
         try:
             mode = self._mode_for(args, kwargs, like) if call is None else self.mode
             if cache is not None:

@@ -37,12 +37,14 @@ _FAKE = FakeEvaluator(strictness=Strictness.LENIENT, new_mode=False, owner="fusi
 
 
 def fake_result(op: Any, *args: Any) -> Any:
-    """``op``'s fake kernel on the fake values of ``args`` (nodes or proxies; other
-    arguments as they are); None where a value is missing or the kernel raises."""
+    """The layout of ``op``'s result on the fake values of ``args`` (nodes or proxies; other
+    arguments as they are): tensors with its sizes, strides and dtype (fake, or meta when
+    an earlier site had the same inputs); None where a value is missing or the kernel
+    raises."""
     vals = [value_of(_node(a)) if isinstance(_node(a), Node) else a for a in args]
     if not any(isinstance(v, torch.Tensor) for v in vals):
         return None
-    return _FAKE.run(op, tuple(vals))
+    return _FAKE.run(op, tuple(vals), layout_only=True)
 
 
 def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
@@ -54,9 +56,15 @@ def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
         return None
     if new_val.dtype != old_val.dtype:
         return None
-    same_shape = new_val.dim() == old_val.dim() and statically_known_true(
-        sym_eq(tuple(new_val.shape), tuple(old_val.shape))
-    )
+    static = not (new_val._has_symbolic_sizes_strides or old_val._has_symbolic_sizes_strides)
+    if static:  # plain sizes compare without the symbolic machinery (nothing to guard)
+        same_shape = new_val.shape == old_val.shape
+        if same_shape and new_val.stride() == old_val.stride():
+            return new
+    else:
+        same_shape = new_val.dim() == old_val.dim() and statically_known_true(
+            sym_eq(tuple(new_val.shape), tuple(old_val.shape))
+        )
     if not same_shape:
         # The pattern saw through row-keeping views in front of the norm, and the rewriter
         # replays them on the result: views of a value laid out like the chain's input (the
