@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from fxpass.fxutil.fx import copy_sharing_specs
+from fxpass.fxutil.fx_internals import copy_sharing_specs
 
 from _models import lifted_inputs
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from fxpass.fxutil.fx import copy_sharing_specs  # deepcopy without LeafSpec warnings
+from fxpass.fxutil.fx_internals import copy_sharing_specs  # deepcopy without LeafSpec warnings
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from fxpass.fxutil.fx import copy_sharing_specs  # deepcopy without LeafSpec warnings
+from fxpass.fxutil.fx_internals import copy_sharing_specs  # deepcopy without LeafSpec warnings
 from fxpass.models.llama import DecoderConfig, build_decoder
 
 ASSERT = torch.ops.aten._assert_tensor_metadata.default

@@ -72,7 +72,9 @@ def test_private_torch_attributes_are_read_only_in_fxutil():
         if "fxutil" not in p.relative_to(PACKAGE).parts
         for line, attr in _private_torch_uses(p.read_text())
     }
-    assert not outside, f"use the helpers in fxutil/fx.py or fxutil/ops.py instead: {outside}"
+    assert not outside, (
+        f"use the helpers in fxutil/fx_internals.py or fxutil/ops.py instead: {outside}"
+    )
 
 
 def test_the_walk_sees_each_form_of_access():
@@ -80,3 +82,14 @@ def test_the_walk_sees_each_form_of_access():
     assert sorted(_private_torch_uses(planted)) == [
         (1, "_schema"), (2, "_out_spec"), (3, "_codegen"), (4, "_modules")
     ]  # fmt: skip
+
+
+def test_module_basenames_are_unique():
+    # A module named like another (rewrite/interpret.py beside interpret.py, a distributed
+    # rewrite.py beside the rewrite package) reads as the other in tracebacks and imports.
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "src" / "fxpass").rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        other = seen.setdefault(path.name, path)
+        assert other == path, f"{path.relative_to(ROOT)} and {other.relative_to(ROOT)}"

@@ -401,7 +401,7 @@ def test_the_walk_finds_each_kind_of_direct_edit():
     """The walk itself: each spelling of a direct edit is found, lists and own methods are not."""
     source = """
 import torch.fx as fx
-from fxpass.fxutil.fx import rename_node
+from fxpass.fxutil.fx_internals import rename_node
 
 class Mine(fx.Interpreter):
     def call_function(self, target, args, kwargs):

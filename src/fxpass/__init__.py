@@ -21,8 +21,8 @@ from .core.analysis_manager import analysis
 from .core.context import PassContext, current_context, stat
 from .core.contract import FunctionPass, Pass, PassResult
 from .core.errors import FxpassError, PassFailedError
+from .core.pass_registry import as_pass, register
 from .core.pipeline import Fixpoint, Pipeline, fixpoint
-from .core.registry import as_pass, register
 from .core.report import Report
 from .core.version import __version__
 from .distributed import shard

@@ -43,7 +43,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     ),
     "fxpass.distributed": ("pipeline_stages",),
     # ``graph_pass`` was another name for ``register``.
-    "fxpass.core.registry": ("graph_pass",),
+    "fxpass.core.pass_registry": ("graph_pass",),
 }
 _HOME = {name: home for home, names in MOVED.items() for name in names}
 

@@ -1,6 +1,6 @@
 """The torch releases fxpass is tested with, checked first thing when fxpass is imported.
 
-fxpass reaches into torch's internals (:mod:`fxpass.fxutil.fx`, the export serializer, the
+fxpass reaches into torch's internals (:mod:`fxpass.fxutil.fx_internals`, the export serializer, the
 custom-op registry), which change between releases. The range below is the one tested: the
 oldest end by the test suite (README, ``.ci/run``), the newest by ``.ci/torch-range``. It
 matches ``pyproject.toml``'s ``torch`` requirement (``tests/test_setup.py`` holds them to

@@ -45,7 +45,13 @@ from .core.contract import Pass, PassResult
 from .edit.editor import Editor
 from .edit.location import source_location
 from .edit.provenance import COPIED_META
-from .fxutil.fx import copy_code_fields, empty_graph_like, is_erased, last_node, nodes_after
+from .fxutil.fx_internals import (
+    copy_code_fields,
+    empty_graph_like,
+    is_erased,
+    last_node,
+    nodes_after,
+)
 from .fxutil.ops import schema_of
 from .fxutil.paths import get_path
 from .fxutil.values import FakeEvaluator, returns_alias, same_value

@@ -1,12 +1,12 @@
 """fxpass's pass registry: ``fxpass.registry.names()``, ``.create(...)``, ``.pass_list(...)``.
 
 The functions here act on the one registry fxpass uses (:data:`REGISTRY`); see
-:mod:`fxpass.core.registry` for the details.
+:mod:`fxpass.core.pass_registry` for the details.
 """
 
 from __future__ import annotations
 
-from .core.registry import REGISTRY, PassInfo, PassList, Registry, register
+from .core.pass_registry import REGISTRY, PassInfo, PassList, Registry, register
 
 __all__ = [
     "PassInfo",

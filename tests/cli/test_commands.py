@@ -36,7 +36,7 @@ def test_list_json(tmp_path: Path):
 
 def test_list_reads_at_80_columns(monkeypatch, capsys):
     from fxpass.cli import main
-    from fxpass.core.registry import REGISTRY
+    from fxpass.core.pass_registry import REGISTRY
 
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as exit_:

@@ -12,7 +12,7 @@ import torch
 
 import fxpass as fp
 from fxpass.core.identity import graph_hash, pass_uuid, pipeline_uuid
-from fxpass.core.registry import applies_to
+from fxpass.core.pass_registry import applies_to
 
 _MODULE = """
 SCALE = {scale}

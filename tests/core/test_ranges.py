@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fxpass as fp
+from fxpass.core.pass_registry import REGISTRY, applies_to
 from fxpass.core.ranges import (
     SizeRange,
     compile_range,
@@ -16,7 +17,6 @@ from fxpass.core.ranges import (
     parse_ranges,
     range_skip,
 )
-from fxpass.core.registry import REGISTRY, applies_to
 
 aten = torch.ops.aten
 

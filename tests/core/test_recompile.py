@@ -8,7 +8,7 @@ import torch
 from torch import fx
 
 import fxpass as fp
-from fxpass.fxutil.fx import is_lazy_module
+from fxpass.fxutil.fx_internals import is_lazy_module
 from fxpass.verify.numerics import NumericsCheck
 
 from _models import lifted_inputs

@@ -193,7 +193,7 @@ def _forget_module(request, name: str) -> None:
 def test_every_kind_of_user_pass_replays_from_a_fresh_process(
     llama_gm, tmp_path, monkeypatch, request
 ):
-    from fxpass.core.registry import REGISTRY
+    from fxpass.core.pass_registry import REGISTRY
 
     (tmp_path / "repro_kinds.py").write_text(KINDS_MODULE)
     monkeypatch.chdir(tmp_path)

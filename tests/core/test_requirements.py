@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fxpass as fp
-from fxpass.core.registry import REGISTRY
+from fxpass.core.pass_registry import REGISTRY
 from fxpass.core.requirements import RequirementError, with_required
 
 aten = torch.ops.aten

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import fxpass as fp
 from fxpass.core.options import Range
+from fxpass.core.pass_registry import Registry
 from fxpass.core.pipeline import register_pipelines
-from fxpass.core.registry import Registry
 from fxpass.core.spec import parse_spec
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fxpass.distributed.layout import PARTIAL
+from fxpass.distributed.placement import PARTIAL
 from fxpass.distributed.propagate import Flow
 from fxpass.distributed.sites import Params
 

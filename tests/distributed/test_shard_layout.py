@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxpass.distributed.layout import NotShardable, Shard, local_slice, map_view
+from fxpass.distributed.placement import NotShardable, Shard, local_slice, map_view
 
 
 @pytest.mark.parametrize(

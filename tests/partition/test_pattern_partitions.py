@@ -14,7 +14,7 @@ from torch.fx.passes.operator_support import create_op_support
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from fxpass.partition import find_cycle, fuse_partitions, parse_support
-from fxpass.partition.pattern import (
+from fxpass.partition.from_patterns import (
     generate_pattern_op_partitions,
     graph_pattern,
     pattern_matches,

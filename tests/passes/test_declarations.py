@@ -10,7 +10,7 @@ import pytest
 import fxpass as fp
 from fxpass.core.analysis_manager import preserved_names
 from fxpass.core.contract import METADATA
-from fxpass.core.registry import REGISTRY
+from fxpass.core.pass_registry import REGISTRY
 from fxpass.verify.testing import capture, check_pass
 
 from _models import decoder

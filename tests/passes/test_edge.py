@@ -22,7 +22,7 @@ from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge
 from torch import nn
 
 import fxpass as fp
-from fxpass.core.registry import REGISTRY
+from fxpass.core.pass_registry import REGISTRY
 from fxpass.fxutil.dialect import edge_op, is_edge_op
 from fxpass.fxutil.values import fake_value
 

@@ -12,7 +12,7 @@ from fxpass.passes.fusion.fuse_rmsnorm import RULES as NORM_RULES
 from fxpass.rewrite import P, Rule
 from fxpass.rewrite._state import MatchState
 from fxpass.rewrite.compile import child_order, compile_rule
-from fxpass.rewrite.interpret import Interpreter
+from fxpass.rewrite.interpreted import Interpreter
 from fxpass.rewrite.match import attempt
 from fxpass.rewrite.pattern import P as OpPattern
 from fxpass.rewrite.region import lazy_order

@@ -1,5 +1,5 @@
 """The four matchers agree, on random patterns over random graphs: interpreted
-(:class:`~fxpass.rewrite.interpret.Interpreter`), compiled (:func:`compile_rule`, and whatever
+(:class:`~fxpass.rewrite.interpreted.Interpreter`), compiled (:func:`compile_rule`, and whatever
 :func:`attempt` picks for a rule), explaining (:class:`Explainer`, :func:`explain`) and
 torch-like (:class:`TorchMatching`, in its default configuration). At every node, for every
 rule: the same match or none, the same bindings, nodes and chains seen through; over the
@@ -21,7 +21,7 @@ from fxpass.rewrite import P, Rule
 from fxpass.rewrite._state import MatchState
 from fxpass.rewrite.compile import compile_rule
 from fxpass.rewrite.explain import Explainer, explain, explain_at
-from fxpass.rewrite.interpret import Interpreter
+from fxpass.rewrite.interpreted import Interpreter
 from fxpass.rewrite.match import Matcher, attempt
 from fxpass.rewrite.region import lazy_order
 from fxpass.rewrite.torchlike import TorchMatching

@@ -125,7 +125,7 @@ def test_a_scheduled_graph_passes_the_metadata_check_and_keeps_what_multi_stream
     """Every node of the scheduled graph has its value; every stream op carries torch's
     from_node; multi_stream held to its declaration (values, source metadata, provenance,
     stream assignments) by ``keeps_metadata`` after it runs."""
-    from fxpass.core.registry import REGISTRY
+    from fxpass.core.pass_registry import REGISTRY
     from fxpass.verify.invariants import check_metadata, keeps_metadata
 
     gm, _ = original("moe")

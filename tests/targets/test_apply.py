@@ -3,7 +3,7 @@ import torch
 from _target_models import aten, convnet, convnet_ep, fold_param_permute
 
 import fxpass as fp
-from fxpass.core.registry import REGISTRY
+from fxpass.core.pass_registry import REGISTRY
 from fxpass.targets.apply import ApplyResult, apply, resolve_pipeline
 
 import _models

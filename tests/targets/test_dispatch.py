@@ -9,7 +9,7 @@ from _target_models import convnet
 from test_backend import relu_to_clamp
 
 import fxpass as fp
-from fxpass.core.registry import applies_to
+from fxpass.core.pass_registry import applies_to
 from fxpass.targets.dispatch import compile_ranges
 
 

@@ -10,7 +10,7 @@ import torch
 from _target_models import aten, fold_param_permute, remove_unused_inputs, rsqrt_to_reciprocal_sqrt
 
 import fxpass as fp
-from fxpass.core.registry import REGISTRY
+from fxpass.core.pass_registry import REGISTRY
 from fxpass.interpret import InterpreterPass
 from fxpass.models.llama import build_decoder
 from fxpass.targets.inductor import InductorPass, inductor_pass, pipeline_uuid

@@ -91,7 +91,7 @@ def test_the_contract_breaks_on_them_and_names_the_line(planted):
 
 
 def test_packages_of_a_container():
-    assert owner("fxpass.core.registry", "fxpass") == "fxpass.core"
+    assert owner("fxpass.core.pass_registry", "fxpass") == "fxpass.core"
     assert owner("fxpass.interpret", "fxpass") == "fxpass.interpret"
     assert owner("fxpass._supported_torch", "fxpass") == "fxpass"
     assert owner("fxpass", "fxpass") == "fxpass"

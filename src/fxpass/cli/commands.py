@@ -72,7 +72,7 @@ def _graph_code(gm: Any) -> str:
 @import_option
 def list_cmd(as_json: bool, imports: list[str]) -> None:
     """List the registered passes with their options and one-line docs."""
-    from ..core.registry import REGISTRY
+    from ..core.pass_registry import REGISTRY
 
     infos = REGISTRY.infos()
     default = REGISTRY.pass_list("default").names()

@@ -72,7 +72,7 @@ def demo(layers: int, html: str, no_report: bool, as_json: bool) -> None:
     """Export the embedded tiny Llama model, run the default pipeline with a progress display,
     verify numerics, print the per-pass table and one fused block before/after, and write
     report.html."""
-    from ..core.registry import REGISTRY
+    from ..core.pass_registry import REGISTRY
     from ..html import HtmlReport
     from ..verify.compare import compare_outputs
     from ..verify.inputs import output_names

@@ -26,7 +26,7 @@ from torch import fx, nn
 from ..core.contract import Pass
 from ..core.contract import PassResult as _FxpassPassResult
 from ..core.errors import PassFailedError
-from ..core.order import topological_order
+from ..core.pass_order import topological_order
 from ..core.snapshot import fingerprint, same_fingerprint
 from ._policy import manager_rounds, pass_manager_error, pass_name
 

@@ -27,7 +27,7 @@ from torch.fx.subgraph_rewriter import Match
 from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPatterns
 
 from ..core.context import current_context
-from ..fxutil.fx import nodes_between, sort_key
+from ..fxutil.fx_internals import nodes_between, sort_key
 from ..rewrite.rewriter import Rewriter
 from ._subgraph import InternalMatch, SubgraphMatcher
 

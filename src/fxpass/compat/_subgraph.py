@@ -20,8 +20,8 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch as _TorchInternalMatch
 
 from ..edit.editor import Editor
-from ..fxutil.fx import out_spec_of, pytree_info, set_pytree_info
-from ..rewrite.interpret import Cont
+from ..fxutil.fx_internals import out_spec_of, pytree_info, set_pytree_info
+from ..rewrite.interpreted import Cont
 from ..rewrite.leaves import Lit, Pattern, Seq, Var, mark_shared
 from ..rewrite.match import MISSING, MatchState
 from ..rewrite.order import TopoOrder, find_cycle

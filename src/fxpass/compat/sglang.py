@@ -24,8 +24,8 @@ from torch import fx
 
 from ..core.context import stat
 from ..core.contract import FunctionPass, Pass, PassResult
+from ..core.pass_registry import as_pass
 from ..core.pipeline import Pipeline
-from ..core.registry import as_pass
 
 __all__ = ["PassManager"]
 

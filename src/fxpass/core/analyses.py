@@ -32,7 +32,7 @@ import torch
 from torch import fx
 
 from ..edit.alias import AliasInfo
-from ..fxutil.fx import is_erased
+from ..fxutil.fx_internals import is_erased
 from ..fxutil.values import FakeEvaluator, Strictness, node_val, same_value
 from .analysis_manager import analysis
 

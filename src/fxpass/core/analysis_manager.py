@@ -44,7 +44,7 @@ from typing import Any
 
 from torch import fx
 
-from ..fxutil.fx import graph_stamp
+from ..fxutil.fx_internals import graph_stamp
 from .errors import FxpassError
 
 __all__ = [

@@ -39,15 +39,15 @@ import torch
 from torch import fx
 
 from ..fxutil.files import write_atomic
-from ..fxutil.fx import refill_graph
+from ..fxutil.fx_internals import refill_graph
 from ..fxutil.messages import error_summary, first_line
 from ..fxutil.paths import find_path
 from ..fxutil.values import fake_value, node_val, returns_alias, same_value
 from .contract import Pass
 from .identity import UnhashableGraph, graph_hash, pipeline_uuid, structure_hash
+from .pass_registry import REGISTRY
 from .pipeline import Pipeline
 from .ranges import format_ranges
-from .registry import REGISTRY
 from .report import Report
 from .serialize import GraphFileError, load_graph, save_graph
 from .version import __version__
@@ -345,7 +345,7 @@ def replace_graph(gm: fx.GraphModule, new: fx.GraphModule) -> None:
 
     The graph object stays the same (Inductor keeps using it, and a GraphModule's users hold
     it); this is a restore, not a pass, so it edits the graph below the editor
-    (:func:`~fxpass.fxutil.fx.refill_graph`). The module's code is not regenerated (the
+    (:func:`~fxpass.fxutil.fx_internals.refill_graph`). The module's code is not regenerated (the
     caller does, when it runs the module)."""
     graph = gm.graph
     refill_graph(graph, new.graph)

@@ -46,8 +46,8 @@ from .contract import Pass
 from .errors import ConstraintCycleError, NonConvergenceError, PassFailedError
 from .instrument import Instrumentation
 from .options import Option, Range
-from .order import topological_order
-from .registry import REGISTRY, Registry, as_pass
+from .pass_order import topological_order
+from .pass_registry import REGISTRY, Registry, as_pass
 from .report import PassRecord
 from .requirements import check_requirements
 from .run import DEFAULT_POLICY, PassGroup, PassResult, RunPolicy, instrumented, run_pass

@@ -5,7 +5,7 @@ passes (Torch-TensorRT's among them) call ``gm.recompile()`` after each edit, an
 that is then saved or handed to a compiler may never run the code at all. During a run,
 :class:`DeferredRecompile` turns those calls into a note that the code is stale; at the
 end, :meth:`DeferredRecompile.finish` makes every module whose graph changed lazy (torch's
-``_LazyGraphModule``, see :func:`fxpass.fxutil.fx.make_lazy`): its code is generated when
+``_LazyGraphModule``, see :func:`fxpass.fxutil.fx_internals.make_lazy`): its code is generated when
 it is next called, printed, pickled or its ``code`` read — once, by whoever needs it. If
 something runs the module while the run is going on (a pass that executes it), the code
 is generated then, so the module never runs stale code. A run that rolls back leaves the
@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import fx
 
-from ..fxutil.fx import is_lazy_module, make_lazy
+from ..fxutil.fx_internals import is_lazy_module, make_lazy
 
 __all__ = ["DeferredRecompile"]
 

@@ -36,8 +36,8 @@ from .contract import FunctionPass, ObjectPass, Pass, PassResult
 from .errors import FxpassError, PassFailedError, SpecError
 from .imports import cwd_on_path, import_modules, resolve_import
 from .instrument import Instrumentation
+from .pass_registry import REGISTRY
 from .pipeline import Pipeline
-from .registry import REGISTRY
 from .serialize import load_graph, save_graph
 from .spec import parse_spec
 

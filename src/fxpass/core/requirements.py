@@ -29,7 +29,7 @@ from typing import Any
 
 from .contract import Pass
 from .errors import SpecError
-from .registry import as_pass
+from .pass_registry import as_pass
 from .run import PassGroup
 
 __all__ = [

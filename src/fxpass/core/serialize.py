@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..edit.editor import Editor
 from ..fxutil.files import write_atomic
-from ..fxutil.fx import make_lazy_module, module_tables, pytree_info, set_pytree_info
+from ..fxutil.fx_internals import make_lazy_module, module_tables, pytree_info, set_pytree_info
 from .errors import FxpassError
 
 __all__ = ["GraphFileError", "load_graph", "save_graph"]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..fxutil.fx import GraphState, bind_owner, graph_structure, module_tables, own_graph
+from ..fxutil.fx_internals import GraphState, bind_owner, graph_structure, module_tables, own_graph
 
 __all__ = ["GraphSnapshot", "fingerprint"]
 

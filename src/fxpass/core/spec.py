@@ -33,8 +33,8 @@ from .contract import Pass, pass_of
 from .errors import OptionError, SpecError, UnknownPassError
 from .imports import resolve_import
 from .options import _Mismatch
+from .pass_registry import REGISTRY, Registry
 from .ranges import RangeSyntaxError, parse_ranges
-from .registry import REGISTRY, Registry
 from .requirements import check_requirements, with_required
 from .run import PassGroup
 

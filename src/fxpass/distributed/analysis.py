@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..fxutil.fx import sort_key
+from ..fxutil.fx_internals import sort_key
 from .experts import Block, find_blocks
-from .layout import Shard
 from .mesh import Mesh, expert_range
+from .placement import Shard
 from .plan import Decision, ShardError, ShardPlan, plural
 from .propagate import Flow, Refused, Requirement
 from .sites import SAME_VALUE, Params, Site, find_sites, target_of

@@ -50,7 +50,7 @@ import torch
 from torch import fx
 
 from ..core.context import stat
-from ..core.registry import REGISTRY
+from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..targets.export import program_context
 from .collectives import Inserter

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..fxutil.fx import sort_key
+from ..fxutil.fx_internals import sort_key
 from .partial import WEIGHT_CHAIN
 from .plan import ExpertBlock
 from .sites import SAME_VALUE, Params, is_grouped_mm, target_of

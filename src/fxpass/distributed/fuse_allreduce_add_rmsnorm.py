@@ -18,7 +18,7 @@ import torch
 from torch import fx
 from torch.fx import Proxy
 
-from ..core.registry import REGISTRY
+from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..fxutil.layout import same_layout
 from ..passes.fusion import ADD, add_ok, fake_result, keep_layout, norm_ok, rms_norm, scalars

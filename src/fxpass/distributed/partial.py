@@ -1,6 +1,6 @@
 """How partial sums go through ops: the ops linear in them keep them partial.
 
-A value is *partial* (:data:`~fxpass.distributed.layout.PARTIAL`) when its full value is
+A value is *partial* (:data:`~fxpass.distributed.placement.PARTIAL`) when its full value is
 the sum over the ranks of what each holds: the output of a grouped (expert) matmul cut
 along its input features, or of the experts one rank owns. Such a value need not be
 all-reduced right away: a reshape, a gather of rows, a sum over the top-k experts, a
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .layout import PARTIAL
+from .placement import PARTIAL
 from .sites import SAME_VALUE, target_of
 
 __all__ = ["LINEAR", "WEIGHT_CHAIN", "from_weight", "partial_rule"]

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..fxutil.fx import sort_key
-from .layout import PARTIAL, NotShardable, Shard
+from ..fxutil.fx_internals import sort_key
 from .partial import WEIGHT_CHAIN, partial_rule
+from .placement import PARTIAL, NotShardable, Shard
 from .rules import rule_for
 from .sites import Params, Site, target_of
 

@@ -4,7 +4,7 @@
 Each rule takes the propagation (:class:`~fxpass.distributed.propagate.Flow`: the layouts
 of the inputs, their global shapes, and a way to record edits and divisibility
 requirements) and the node, and returns the result's layout — or raises
-:class:`~fxpass.distributed.layout.NotShardable` saying why the op cannot take a slice.
+:class:`~fxpass.distributed.placement.NotShardable` saying why the op cannot take a slice.
 Ops are looked up as ATen ops, so Edge (``view_copy``...) and core ATen graphs share them.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .layout import NotShardable, Shard, map_view
+from .placement import NotShardable, Shard, map_view
 
 __all__ = ["RULES", "rule_for"]
 

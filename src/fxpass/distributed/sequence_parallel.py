@@ -42,12 +42,12 @@ import torch
 from torch import fx
 
 from ..core.context import stat
-from ..core.registry import REGISTRY
+from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
-from ..fxutil.fx import sort_key
+from ..fxutil.fx_internals import sort_key
 from . import collectives
 from .collectives import Inserter
-from .layout import NotShardable, Shard
+from .placement import NotShardable, Shard
 from .plan import ShardError
 from .rules import RULES
 from .sites import target_of

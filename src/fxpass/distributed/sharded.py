@@ -33,8 +33,8 @@ from rich.table import Table
 from torch import fx
 
 from ..core.contract import FunctionPass
+from ..core.pass_registry import REGISTRY
 from ..core.pipeline import Pipeline
-from ..core.registry import REGISTRY
 from ..core.report import Report
 from ..targets.apply import apply
 from ..targets.export import load, save

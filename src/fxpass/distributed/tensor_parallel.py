@@ -45,7 +45,7 @@ import torch
 from torch import fx
 
 from ..core.context import stat
-from ..core.registry import REGISTRY
+from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..fxutil.ops import schema_of
 from ..fxutil.paths import find_path
@@ -55,8 +55,8 @@ from ..targets.export import program_context
 from . import collectives
 from .analysis import check_world_size, collectives_of
 from .collectives import Inserter
-from .layout import Shard, local_slice
 from .mesh import Mesh, Place
+from .placement import Shard, local_slice
 from .plan import PlanError, ShardError, ShardPlan, plural
 from .propagate import Flow, Refused
 from .sites import Params, Site, find_sites, target_of

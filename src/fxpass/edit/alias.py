@@ -38,7 +38,7 @@ import torch
 from torch import fx
 
 from ..fxutil.dialect import aten_op
-from ..fxutil.fx import is_erased
+from ..fxutil.fx_internals import is_erased
 from ..fxutil.ops import schema_of
 from ..fxutil.values import node_val
 from ..fxutil.views import always_view, returns_view, shares_storage

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from torch import fx
 
-from ..fxutil.fx import (
+from ..fxutil.fx_internals import (
     dead_node_eraser,
     default_node_name,
     is_erased,

@@ -25,7 +25,7 @@ import torch
 from torch import fx
 
 from ..core.instrument import Instrumentation
-from ..fxutil.fx import input_nodes, node_args, node_kwargs
+from ..fxutil.fx_internals import input_nodes, node_args, node_kwargs
 
 __all__ = ["GraphRecorder", "Hunk", "PassChange", "SubGraph", "diff_graphs", "summarize"]
 

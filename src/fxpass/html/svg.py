@@ -13,7 +13,7 @@ import html
 from typing import Any
 
 from .capture import SubGraph
-from .layout import layered_layout
+from .dag_layout import layered_layout
 
 __all__ = ["node_size", "render_svg"]
 

@@ -1,11 +1,11 @@
 """Partitioning: cut a graph into what a backend supports, and fuse the pieces.
 
 * :mod:`~fxpass.partition.support` — operator support objects and what their specs mean;
-* :mod:`~fxpass.partition.spec` — the grammar of the support spec language;
+* :mod:`~fxpass.partition.support_grammar` — the grammar of the support spec language;
 * :mod:`~fxpass.partition.support_dict` — torch's operator-support dict;
 * :mod:`~fxpass.partition.capability` — the largest cycle-free partitions of supported nodes
   (torch's ``CapabilityBasedPartitioner`` results, in linear time);
-* :mod:`~fxpass.partition.pattern` — pattern matches and supported ops merged into partitions;
+* :mod:`~fxpass.partition.from_patterns` — pattern matches and supported ops merged into partitions;
 * :mod:`~fxpass.partition.source` — nodes grouped by the module or function they came from;
 * :mod:`~fxpass.partition.fuse` — partitions into submodule or delegate calls, and back.
 """
@@ -80,7 +80,7 @@ _PATTERN_NAMES = (
 def __getattr__(name: str):
     # The pattern module needs the rewrite engine; load it only when asked for.
     if name in _PATTERN_NAMES:
-        from . import pattern
+        from . import from_patterns
 
-        return getattr(pattern, name)
+        return getattr(from_patterns, name)
     raise AttributeError(f"module 'fxpass.partition' has no attribute {name!r}")

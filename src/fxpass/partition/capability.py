@@ -39,7 +39,7 @@ import torch
 from torch import fx
 
 from ..fxutil.dialect import aten_op
-from ..fxutil.fx import qualified_name
+from ..fxutil.fx_internals import qualified_name
 from .base import Partition, module_and_graph
 from .support import CALLABLE_OPS, OperatorSupportBase, parse_support, resolve_op
 

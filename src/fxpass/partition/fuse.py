@@ -44,7 +44,7 @@ from torch import fx
 
 from ..core.errors import FxpassError
 from ..edit.editor import Editor
-from ..fxutil.fx import graph_end, is_erased, sort_key
+from ..fxutil.fx_internals import graph_end, is_erased, sort_key
 from .base import Partition, find_cycle
 
 __all__ = [

@@ -40,7 +40,7 @@ from ..fxutil.ops import (
     op_name,
     resolve_op,
 )
-from .spec import SpecTree, SupportSpecError, read_spec
+from .support_grammar import SpecTree, SupportSpecError, read_spec
 
 __all__ = [
     "NAMED_SUPPORTS",
@@ -468,7 +468,7 @@ def parse_support(spec: Any) -> OperatorSupportBase:
     """Build a support object from a declarative spec.
 
     ``spec`` is a support object (returned as is), a string in the spec language, a dict, or a
-    list of op names (any of them). The string language (grammar in :mod:`~fxpass.partition.spec`)::
+    list of op names (any of them). The string language (grammar in :mod:`~fxpass.partition.support_grammar`)::
 
         expr  := term ("|" term)*           any of
         term  := factor ("&" factor)*       all of

@@ -10,7 +10,7 @@ import torch
 from torch import fx, nn
 
 from ..fxutil.dialect import aten_op
-from ..fxutil.fx import qualified_name
+from ..fxutil.fx_internals import qualified_name
 from .support import CALLABLE_OPS, OperatorSupportBase
 
 __all__ = ["OperatorSupport", "arg_dtype", "node_target_name"]

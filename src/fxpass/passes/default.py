@@ -20,7 +20,7 @@ particular runtime, and an ExportedProgram must stay functional.
 
 from __future__ import annotations
 
-from ..core.registry import REGISTRY
+from ..core.pass_registry import REGISTRY
 from . import cleanup, fusion  # noqa: F401  (the passes the list names register on import)
 
 DEFAULT_PASSES: list[str] = [

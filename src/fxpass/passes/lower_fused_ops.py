@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.context import stat
 from ..core.errors import FxpassError
-from ..core.registry import register
+from ..core.pass_registry import register
 from ..edit.editor import Editor
 from ..ops.portable import decomposition
 

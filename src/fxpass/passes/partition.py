@@ -23,8 +23,8 @@ from typing import Literal
 from torch import fx
 
 from ..core.context import stat
-from ..core.registry import register
-from ..fxutil.fx import is_exported_graph
+from ..core.pass_registry import register
+from ..fxutil.fx_internals import is_exported_graph
 from ..partition.capability import capability_partitions
 from ..partition.fuse import FUSED_META, fuse_partitions, fused_nodes
 

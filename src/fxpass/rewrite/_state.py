@@ -1,7 +1,7 @@
 """The mutable state of one matching attempt: bindings, matched nodes, and why it failed.
 
 Matching is a backtracking search written in continuation-passing style (see
-:mod:`fxpass.rewrite.interpret`): every pattern checks its own constraints, records what it
+:mod:`fxpass.rewrite.interpreted`): every pattern checks its own constraints, records what it
 bound here, calls the continuation ``k()`` for the rest of the pattern, and undoes its
 bindings when ``k`` fails. How it matches (plainly, explaining, or by torch's rules) is
 the matcher's policy, not the state's.

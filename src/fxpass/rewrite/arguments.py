@@ -5,7 +5,7 @@ does not matter, and arguments the pattern leaves out must hold their defaults. 
 of each (pattern, target) pair is computed once and cached on the pattern; a generated
 ``getter(args, kwargs)`` then fetches the node's value for every argument the pattern
 mentions. :func:`rank` orders sibling sub-patterns for both matchers (the interpreter in
-:mod:`~fxpass.rewrite.interpret`, the generated code in :mod:`~fxpass.rewrite.compile`).
+:mod:`~fxpass.rewrite.interpreted`, the generated code in :mod:`~fxpass.rewrite.compile`).
 """
 
 from __future__ import annotations

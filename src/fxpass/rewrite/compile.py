@@ -1,6 +1,6 @@
 """Compiled matchers: a rule's pattern turned into straight-line Python, once.
 
-The pattern interpreter (:mod:`fxpass.rewrite.interpret`) matches by continuation-passing,
+The pattern interpreter (:mod:`fxpass.rewrite.interpreted`) matches by continuation-passing,
 which supports every feature — alternatives with backtracking, explanations, torch's
 matching rules — at the price of a closure per step. Most rules have no alternatives:
 their only choice points are commutative operands. For those, :func:`compile_rule`
@@ -24,11 +24,11 @@ from typing import Any
 from torch.fx import Node
 
 from ..fxutil.dialect import has_dim_order_spelling, is_edge_op
-from ..fxutil.fx import ARGS_ATTR, KWARGS_ATTR
+from ..fxutil.fx_internals import ARGS_ATTR, KWARGS_ATTR
 from ._state import MISSING
 from .arguments import rank
 from .constraint import lit_eq
-from .interpret import strict_ok
+from .interpreted import strict_ok
 from .leaves import AnyOf, Const, Lit, Pattern, Seq, Var
 from .pattern import P
 

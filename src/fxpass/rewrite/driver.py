@@ -41,10 +41,10 @@ from ..core.contract import Pass, PassResult
 from ..core.errors import NonConvergenceError
 from ..edit.location import short
 from ..fxutil.dialect import spellings
-from ..fxutil.fx import is_erased, sort_key
+from ..fxutil.fx_internals import is_erased, sort_key
 from ._state import MatchState
 from .explain import NearMissHint, explain, near_misses, why_nothing
-from .interpret import Interpreter
+from .interpreted import Interpreter
 from .match import Matcher, RuleStats
 from .reach import Reach
 from .rewriter import Rewriter

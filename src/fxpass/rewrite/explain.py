@@ -34,11 +34,11 @@ from torch.fx import Node
 
 from ..edit.location import short
 from ..fxutil.dialect import aten_op
-from ..fxutil.fx import is_erased
+from ..fxutil.fx_internals import is_erased
 from ..fxutil.views import view_base_name
 from ._state import MISSING, MatchState
 from .constraint import constant_number, fn_name, lit_eq, show
-from .interpret import Cont, Interpreter, always, is_a, strict_ok
+from .interpreted import Cont, Interpreter, always, is_a, strict_ok
 from .leaves import AnyOf, Pattern
 from .match import attempt
 from .pattern import P
@@ -486,7 +486,7 @@ def _whole_failure(f: Failure) -> str:
 
 
 def _strict_failure(r: Any, v: Node, same: Any) -> str | None:
-    """Why ``v``'s arguments break :func:`~fxpass.rewrite.interpret.strict_ok`, or None."""
+    """Why ``v``'s arguments break :func:`~fxpass.rewrite.interpreted.strict_ok`, or None."""
     args, kwargs = v.args, v.kwargs
     for index, name, default in r.unmentioned:
         val = args[index] if 0 <= index < len(args) else kwargs.get(name, default)

@@ -34,7 +34,7 @@ __all__ = [
 
 
 class Pattern:
-    """Base class of all patterns: data that the matchers (:mod:`~fxpass.rewrite.interpret`,
+    """Base class of all patterns: data that the matchers (:mod:`~fxpass.rewrite.interpreted`,
     :mod:`~fxpass.rewrite.compile`) read."""
 
     __slots__ = ("_shared", "location", "name")

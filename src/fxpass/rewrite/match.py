@@ -4,7 +4,7 @@ The matcher files every rule under the ops its root pattern can match, so a node
 the rules that can match it: a graph of 16,000 nodes with one fusion rule tries that rule at
 the few hundred nodes that call its root op, not everywhere. At each node a rule is tried by
 its compiled matcher (:mod:`~fxpass.rewrite.compile`) where it has one and the policy
-allows, else by the interpreter (:mod:`~fxpass.rewrite.interpret`) — or a subclass of it
+allows, else by the interpreter (:mod:`~fxpass.rewrite.interpreted`) — or a subclass of it
 that explains misses or follows torch's rules. Either way the result is a
 :class:`~fxpass.rewrite.Match`.
 """
@@ -21,7 +21,7 @@ from torch.fx import Node
 from ..fxutil.dialect import aten_op, spellings
 from ._state import MISSING, MatchState
 from .compile import CompiledMatcher, compile_rule
-from .interpret import Interpreter
+from .interpreted import Interpreter
 from .reach import Reach
 from .region import Match, MatchedRule, lazy_order
 from .specialize import specialize_rule

@@ -25,7 +25,7 @@ from torch.fx import Node
 from torch.fx.node import map_aggregate
 
 from ..edit.provenance import COPIED_META, node_sources, provenance_record
-from ..fxutil.fx import node_args, node_kwargs
+from ..fxutil.fx_internals import node_args, node_kwargs
 
 __all__ = ["MetaPropagator"]
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from torch import fx
 from torch.fx import Node
 
-from ..fxutil.fx import sort_key
+from ..fxutil.fx_internals import sort_key
 
 __all__ = ["TopoOrder", "find_cycle", "users_before"]
 

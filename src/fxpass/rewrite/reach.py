@@ -30,7 +30,7 @@ from torch import fx
 from torch.fx import Node
 
 from ..fxutil.dialect import spellings
-from ..fxutil.fx import input_nodes
+from ..fxutil.fx_internals import input_nodes
 from .leaves import AnyOf, Pattern, Seq, Through
 from .pattern import P
 

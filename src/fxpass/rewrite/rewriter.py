@@ -24,7 +24,7 @@ from ..core.errors import FxpassError
 from ..edit.editor import Change, Editor
 from ..edit.location import short
 from ..fxutil.dialect import edge_call, graph_is_edge, uses_dim_order
-from ..fxutil.fx import is_erased, nodes_between
+from ..fxutil.fx_internals import is_erased, nodes_between
 from .constraint import value_of
 from .match import RuleStats
 from .metadata import MetaPropagator

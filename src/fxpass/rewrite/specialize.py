@@ -6,7 +6,7 @@ interpreter's backtracking search, whose cost at each step is mostly the looking
 handler serves this pattern class, is the pattern named, shared, constrained, commutative.
 :func:`specialize_rule` answers those questions once per pattern node and returns closures
 that do only the matching, in the same continuation-passing order as
-:class:`~fxpass.rewrite.interpret.Interpreter` (so they find the same match first); the
+:class:`~fxpass.rewrite.interpreted.Interpreter` (so they find the same match first); the
 plain matcher uses them for single-root rules the compiler declines.
 
 Only the pattern classes the interpreter defines are specialized; a rule using another
@@ -20,10 +20,10 @@ from typing import Any
 
 from torch.fx import Node
 
-from ..fxutil.fx import node_args, node_kwargs
+from ..fxutil.fx_internals import node_args, node_kwargs
 from ._state import MISSING, MatchState
 from .constraint import constant_number, lit_eq
-from .interpret import _quick, is_a, strict_ok
+from .interpreted import _quick, is_a, strict_ok
 from .leaves import AnyOf, Const, Lit, Pattern, Scalar, Seq, Through, Var
 from .pattern import P
 

@@ -19,7 +19,7 @@ from torch.fx import Node
 from ._state import MISSING, MatchState
 from .arguments import Layout
 from .constraint import lit_eq, lit_eq_exact
-from .interpret import Cont, Interpreter, always
+from .interpreted import Cont, Interpreter, always
 from .leaves import Var
 from .pattern import P
 

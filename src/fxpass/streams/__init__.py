@@ -9,7 +9,7 @@ safe.
 
 One concept per module: :mod:`~fxpass.streams.regions` (independent regions of the dataflow
 graph), :mod:`~fxpass.streams.cost` (FLOPs, bytes and microseconds per node),
-:mod:`~fxpass.streams.plan` (which branch goes to which stream),
+:mod:`~fxpass.streams.assignment` (which branch goes to which stream),
 :mod:`~fxpass.streams.schedule` (the rewrite), :mod:`~fxpass.streams.multi_stream` (the
 registered pass). The report draws the streams as lanes (:mod:`fxpass.html.lanes`).
 The ops themselves are in :mod:`fxpass.ops.stream`. See ``docs/streams.md``.
@@ -17,9 +17,9 @@ The ops themselves are in :mod:`fxpass.ops.stream`. See ``docs/streams.md``.
 
 from __future__ import annotations
 
+from .assignment import BranchPlan, RegionPlan, StreamPlan, plan_streams
 from .cost import CostModel, node_bytes, node_flops
 from .multi_stream import multi_stream
-from .plan import BranchPlan, RegionPlan, StreamPlan, plan_streams
 from .regions import Branch, Region, find_regions
 from .schedule import ScheduleStats, apply_plan
 

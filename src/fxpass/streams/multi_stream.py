@@ -29,13 +29,13 @@ from __future__ import annotations
 from torch import fx
 
 from ..core.context import stat
-from ..core.registry import register
+from ..core.pass_registry import register
 from ..edit.editor import Editor
 from ..edit.memory import Memory
 from ..ops.stream import is_stream_op
 from ..verify.streams import require_safe_streams
+from .assignment import plan_streams
 from .cost import CostModel
-from .plan import plan_streams
 from .schedule import apply_plan
 
 __all__ = ["multi_stream"]

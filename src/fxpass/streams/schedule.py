@@ -1,4 +1,4 @@
-"""Turn a :class:`~fxpass.streams.plan.StreamPlan` into stream ops in the graph.
+"""Turn a :class:`~fxpass.streams.assignment.StreamPlan` into stream ops in the graph.
 
 1. **Order.** Each split region is laid out branch by branch: the side-stream branches
    first (their kernels are queued early, so the side stream starts while the main stream
@@ -34,7 +34,7 @@ from ..edit.memory import Memory
 from ..fxutil.ops import schema_of
 from ..verify.happens_before import GRAPH_START, Clock, StreamClocks
 from ..verify.streams import check_streams
-from .plan import StreamPlan
+from .assignment import StreamPlan
 
 __all__ = ["ScheduleStats", "apply_plan"]
 

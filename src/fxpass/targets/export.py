@@ -53,7 +53,7 @@ from torch.export.graph_signature import (
 from ..core.context import scoped
 from ..core.errors import FxpassError
 from ..edit.editor import Editor
-from ..fxutil.fx import (
+from ..fxutil.fx_internals import (
     EXPORTED_META,
     copy_sharing_specs,
     last_node,

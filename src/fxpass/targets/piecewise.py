@@ -39,7 +39,7 @@ from ..core.pipeline import resolve_pipeline
 from ..core.report import Report
 from ..core.snapshot import GraphSnapshot
 from ..edit.editor import Editor
-from ..fxutil.fx import use_codegen
+from ..fxutil.fx_internals import use_codegen
 from ..fxutil.ops import resolve_op
 from ..fxutil.paths import get_path
 from ..ops.stream import STREAM_OPS

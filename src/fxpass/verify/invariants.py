@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..fxutil.fx import is_erased, node_args, node_kwargs
+from ..fxutil.fx_internals import is_erased, node_args, node_kwargs
 from ..fxutil.ops import schema_of
 from ..fxutil.values import FakeEvaluator, Strictness, node_val
 from ..ops.stream import is_stream_op

@@ -10,7 +10,7 @@ partitions that is 97,000 node copies, 82 full recompiles and 3,403 submodule re
 
 * :func:`legalize_graph` computes the same order (the same algorithm: Kahn's, first in first
   out, symbolic-size checks first) and puts the graph's own nodes in it, leaving the graph as
-  the copy would be (:func:`~fxpass.fxutil.fx.relink_as_copied`), then recompiles;
+  the copy would be (:func:`~fxpass.fxutil.fx_internals.relink_as_copied`), then recompiles;
 * :func:`one_recompile` runs ExecuTorch's loop over the partitions with the program's
   recompiles deferred (fxpass's :class:`~fxpass.core.recompile.DeferredRecompile`, as a
   pipeline run defers them) and regenerates the code once at the end; a call of the module
@@ -31,7 +31,7 @@ import torch
 from torch import fx
 
 from ...core.recompile import DeferredRecompile
-from ...fxutil.fx import relink_as_copied
+from ...fxutil.fx_internals import relink_as_copied
 
 __all__ = ["legalize_graph", "one_recompile"]
 

@@ -171,7 +171,7 @@ class CapabilityPartitioner(_FxpassPartitioner):
 
 class PatternPartitioner(_FxpassPartitioner):
     """Delegate pattern matches and the nodes ``op_support`` accepts, merged into maximal
-    cycle-free partitions (see :func:`fxpass.partition.pattern_partitions`)."""
+    cycle-free partitions (see :func:`fxpass.partition.from_patterns`)."""
 
     def __init__(
         self,
@@ -187,7 +187,7 @@ class PatternPartitioner(_FxpassPartitioner):
         self.ignore_literals = ignore_literals
 
     def propose(self, exported_program: ExportedProgram) -> list[Partition]:
-        from ...partition.pattern import pattern_partitions  # needs the rewrite engine
+        from ...partition.from_patterns import pattern_partitions  # needs the rewrite engine
 
         return pattern_partitions(
             exported_program,

@@ -42,7 +42,7 @@ from ...core.contract import PassResult
 from ...core.errors import PassFailedError
 from ...core.pipeline import Pipeline
 from ...edit.editor import Editor
-from ...fxutil.fx import (
+from ...fxutil.fx_internals import (
     codegen_of,
     default_node_name,
     last_node,

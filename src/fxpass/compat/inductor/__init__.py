@@ -55,7 +55,7 @@ from ._exprs import (
     PatternExpr,
     RepeatedExpr,
 )
-from ._install import install, installed, is_installed, uninstall
+from ._install_matcher import install, installed, is_installed, uninstall
 from ._match import Match, MatchContext
 from ._options import improvements, improvements_on, set_improvements
 from ._pass import ApplyStats, PatternMatcherPass

@@ -22,7 +22,7 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
-from ...fxutil.fx import sort_key
+from ...fxutil.fx_internals import sort_key
 from ...rewrite.explain import min_ops
 from ...rewrite.match import MatchState, attempt
 from ...rewrite.region import lazy_order

@@ -16,7 +16,7 @@ from torch import fx
 from torch.fx import Node
 
 from ...edit.editor import Editor
-from ...fxutil.fx import is_erased
+from ...fxutil.fx_internals import is_erased
 from ._compile import Compiled
 from ._exprs import (
     Arg,

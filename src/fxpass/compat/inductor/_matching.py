@@ -1,6 +1,6 @@
 """Inductor's matching rules, as a policy of fxpass's interpreted matcher.
 
-:class:`InductorMatching` is fxpass's backtracking :class:`~fxpass.rewrite.interpret.
+:class:`InductorMatching` is fxpass's backtracking :class:`~fxpass.rewrite.interpreted.
 Interpreter` with handlers for the patterns :mod:`._compile` makes, following
 ``torch._inductor.pattern_matcher``:
 
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from ...fxutil.fx import sort_key
+from ...fxutil.fx_internals import sort_key
 from ...rewrite import Match
-from ...rewrite.interpret import Interpreter
+from ...rewrite.interpreted import Interpreter
 from ...rewrite.match import MISSING, MatchState
 from ...rewrite.order import find_cycle
 from ...rewrite.region import seen_through

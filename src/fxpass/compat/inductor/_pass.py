@@ -30,7 +30,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ...core.context import current_context
-from ...fxutil.fx import is_erased, sort_key
+from ...fxutil.fx_internals import is_erased, sort_key
 from ...rewrite.match import MatchState
 from ...rewrite.region import lazy_order
 from ...rewrite.rewriter import Rewriter

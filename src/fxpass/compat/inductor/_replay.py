@@ -26,7 +26,7 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
-from ...fxutil.fx import is_erased
+from ...fxutil.fx_internals import is_erased
 from ...rewrite import Match as _FxMatch
 from ...rewrite.rewriter import RewriteError, Rewriter, replacement_editor
 from ._trace import size_of

@@ -30,7 +30,7 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ...fxutil.fx import use_plain_codegen
+from ...fxutil.fx_internals import use_plain_codegen
 from ._exprs import (
     CallFunction,
     ExclusiveKeywordArg,

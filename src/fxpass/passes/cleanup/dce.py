@@ -9,7 +9,7 @@ from torch.fx.node import _side_effectful_functions
 
 from ...core.analyses import aliasing, fake_values, positions, users
 from ...core.context import stat
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...edit.editor import allow, erase
 from ...fxutil.dialect import aten_op

@@ -7,7 +7,7 @@ from torch import fx
 
 from ...core.analyses import aliasing
 from ...core.context import stat
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, aliased_args
 from ...edit.editor import Editor, allow, erase, replace_all_uses
 from ...fxutil.dialect import aten_op

@@ -8,9 +8,9 @@ from torch.fx import Node
 
 from ...core.analyses import aliasing, fake_values, positions
 from ...core.context import stat
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...fxutil.dialect import aten_op
-from ...fxutil.fx import is_erased
+from ...fxutil.fx_internals import is_erased
 from ...rewrite.rewriter import Rewriter
 from ...rewrite.rule import DROPPABLE_USERS
 

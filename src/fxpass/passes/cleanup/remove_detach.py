@@ -7,7 +7,7 @@ from torch import fx
 
 from ...core.analyses import aliasing, positions
 from ...core.context import stat
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
 from ._copies import input_becomes_output

@@ -10,7 +10,7 @@ from torch import fx
 
 from ...core.analyses import aliasing
 from ...core.context import stat
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...edit.alias import (
     FUNCTIONAL_HOPS,
     AliasInfo,

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.rule import Rule
 from ._keep_layout import fake_result, keep_layout

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...fxutil.layout import same_layout
 from ...rewrite.constraint import value_of
 from ...rewrite.driver import RuleSet, rewrite

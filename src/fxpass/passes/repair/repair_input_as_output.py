@@ -10,9 +10,9 @@ from torch import fx
 
 from ...core.context import stat
 from ...core.contract import PassResult
-from ...core.registry import register
+from ...core.pass_registry import register
+from ...edit.dialect_writer import Spelling
 from ...edit.editor import Editor
-from ...edit.spelling import Spelling
 from ...fxutil.values import fake_value, node_val
 
 __all__ = ["repair_input_as_output"]

@@ -9,10 +9,10 @@ import torch
 from torch import fx
 
 from ...core.context import stat
-from ...core.registry import register
+from ...core.pass_registry import register
 from ...edit.alias import lay_out_args
+from ...edit.dialect_writer import Spelling
 from ...edit.editor import Editor, allow
-from ...edit.spelling import Spelling
 from ...fxutil.dialect import aten_op
 from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value, node_val

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import fxpass as fp
+from fxpass.core.pass_registry import Registry
 from fxpass.core.pipeline import register_pipelines
-from fxpass.core.registry import Registry
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_options_summary_and_source_come_from_the_definition(reg):
     assert list(info.options) == ["eps", "mode"]
     assert info.options["eps"].default == 1e-6 and info.options["eps"].type_name == "float"
     assert info.options["mode"].type_name == "one of fast|exact"
-    assert info.source.endswith(f"test_registry.py:{info.source.rsplit(':', 1)[1]}")
+    assert info.source.endswith(f"test_pass_registry.py:{info.source.rsplit(':', 1)[1]}")
     assert list(reg.get("fold").options) == ["limit"]
     assert reg.get("renamed").options["names"].type_name == "list of str | none"
     assert reg.names() == ["fold", "renamed", "strip"]

@@ -1,6 +1,6 @@
 import torch
 
-from fxpass.fxutil.fx import release_name, relink_as_copied, rename_node
+from fxpass.fxutil.fx_internals import release_name, relink_as_copied, rename_node
 
 
 def test_release_name_lets_a_node_take_an_erased_nodes_name():

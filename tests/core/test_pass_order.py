@@ -3,7 +3,7 @@
 import pytest
 
 import fxpass as fp
-from fxpass.core.order import topological_order
+from fxpass.core.pass_order import topological_order
 
 
 def test_earliest_ready_first_and_torchs_queue():

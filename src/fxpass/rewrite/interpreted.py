@@ -20,7 +20,7 @@ from typing import Any
 from torch.fx import Node
 
 from ..fxutil.dialect import aten_op
-from ..fxutil.fx import node_args, node_kwargs
+from ..fxutil.fx_internals import node_args, node_kwargs
 from ._state import MISSING, MatchState
 from .arguments import Layout
 from .constraint import constant_number, lit_eq

@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxpass.html.layout import H_GAP, layered_layout
+from fxpass.html.dag_layout import H_GAP, layered_layout
 
 
 @st.composite
