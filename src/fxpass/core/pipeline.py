@@ -26,7 +26,10 @@ What a run guarantees:
 * **Nothing lost.** If a pass raises or a check fails, the GraphModule given to the run is put
   back exactly as it was (same Node objects, same code) and a
   :class:`~fxpass.PassFailedError` names the failing pass and the passes that ran before it.
-* **One recompile.** The module's Python code is regenerated once, at the end of the run.
+* **No wasted recompiles.** ``gm.recompile()`` calls during the run are deferred, and a
+  module whose graph changed comes back with lazy code (torch's ``_LazyGraphModule``): it
+  is generated once, when the module is next called, printed or saved
+  (see :mod:`fxpass.core.recompile`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ one file, and the functions below say what each internal is for.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import fx
@@ -43,6 +44,8 @@ __all__ = [
     "is_exported_graph",
     "is_lazy_module",
     "last_node",
+    "lazy_exported_programs",
+    "make_lazy",
     "make_lazy_module",
     "node_args",
     "node_kwargs",
@@ -207,6 +210,50 @@ def make_lazy_module(root: Any, graph: fx.Graph) -> fx.GraphModule:
     """A GraphModule of ``graph`` whose code is generated when first run (as Dynamo's)."""
     with _use_lazy_graph_module(True):
         return _make_graph_module(root, graph)
+
+
+def make_lazy(gm: fx.GraphModule) -> fx.GraphModule:
+    """Make ``gm``'s code lazy, in place: it is generated when the module is next called,
+    printed, pickled or its ``code`` read (torch's ``_LazyGraphModule``, which a plain
+    GraphModule becomes by taking a class of its own that derives from both). Returns ``gm``.
+    """
+    if not isinstance(gm, _LazyGraphModule):
+        # torch gives every GraphModule a class of its own (named GraphModuleImpl) derived
+        # from the class it was made as; recompile() stores the code on it. The new one
+        # derives from that class too, so methods of a GraphModule subclass stay.
+        own = type(gm)
+        made_as = next(c for c in own.__mro__ if c.__qualname__.split(".")[-1] != _IMPL)
+        lazy = type(own.__name__, (_LazyGraphModule, made_as), {"__qualname__": _IMPL})
+        gm.__class__ = lazy
+    type(gm).recompile()  # _LazyGraphModule's recompile only marks the code stale
+    return gm
+
+
+_IMPL = "GraphModuleImpl"  # the name GraphModule.__new__ gives each module's own class
+
+
+@contextlib.contextmanager
+def lazy_exported_programs() -> Iterator[None]:
+    """Inside the block, ``ExportedProgram(...)`` gives the program a lazy graph module
+    (torch's constructor builds an eager ``GraphModule`` and so generates its code).
+
+    The constructor calls ``torch.export.exported_program._create_graph_module_for_export``;
+    the block swaps it for one that makes a ``_LazyGraphModule`` of the same root and
+    graph. A program another thread builds meanwhile gets a lazy module too, which only
+    means its code is generated on first use.
+    """
+    from torch.export import exported_program
+
+    eager = exported_program._create_graph_module_for_export
+
+    def create(root: Any, graph: fx.Graph) -> fx.GraphModule:
+        return make_lazy_module(root, graph)
+
+    exported_program._create_graph_module_for_export = create
+    try:
+        yield
+    finally:
+        exported_program._create_graph_module_for_export = eager
 
 
 def copy_code_fields(source: fx.Graph, target: fx.Graph) -> None:

@@ -12,11 +12,13 @@
 >>> rewrite(gm, simplify, once=True) # or drive it directly     # doctest: +SKIP
 
 Modules, top down (each imports only those below it):
-:mod:`~fxpass.rewrite.driver` (fixpoint and single-walk drivers; rule sets, which are passes),
+:mod:`~fxpass.rewrite.driver` (fixpoint and single-walk drivers; rule sets, which are passes;
+:mod:`~fxpass.rewrite.reach`, the nodes a rule can be rooted at),
 :mod:`~fxpass.rewrite.explain` (why a rule did not match: the explaining matcher),
 :mod:`~fxpass.rewrite.rule` (rules as data), :mod:`~fxpass.rewrite.match` (the op-indexed
-matcher in front of :mod:`~fxpass.rewrite.interpret`, the interpreted matcher, and
-:mod:`~fxpass.rewrite.compile`, the compiled one; :mod:`~fxpass.rewrite.torchlike`, torch's
+matcher in front of :mod:`~fxpass.rewrite.interpret`, the interpreted matcher,
+:mod:`~fxpass.rewrite.compile`, the compiled one, and :mod:`~fxpass.rewrite.specialize`,
+the interpreter specialized to one rule's pattern; :mod:`~fxpass.rewrite.torchlike`, torch's
 matching rules), :mod:`~fxpass.rewrite.region` (a match as a value, whole-match checks),
 :mod:`~fxpass.rewrite.pattern` (the pattern language as data), with
 :mod:`~fxpass.rewrite.arguments` (arguments laid out by op schema),

@@ -7,8 +7,9 @@ their only choice points are commutative operands. For those, :func:`compile_rul
 generates one function that walks the pattern depth-first with the bindings in local
 variables, a ``for`` loop over the two operand orders at each commutative op, and
 ``continue`` as backtracking; it is several times faster and gives the same matches. A
-rule whose pattern has alternatives, or a multi-root pattern, keeps the interpreter (as do
-the explaining and the torch-compatible matchers). Both order sibling sub-patterns by
+rule whose pattern has alternatives gets the interpreter's handlers specialized to its
+pattern nodes (:mod:`~fxpass.rewrite.specialize`); a multi-root pattern keeps the
+interpreter (as do the explaining and the torch-compatible matchers). Both order sibling sub-patterns by
 :func:`~fxpass.rewrite.arguments.rank` (ties in the order of the op's arguments), so they
 find the same match first.
 

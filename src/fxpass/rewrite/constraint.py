@@ -149,7 +149,11 @@ def is_pure_cast(node: Node) -> bool:
         return True
     if not isinstance(src, torch.Tensor):
         return False
-    return out.shape == src.shape and out.device == src.device
+    return out.shape == src.shape and _device(out) == _device(src)
+
+
+def _device(t: torch.Tensor) -> Any:
+    return getattr(t, "fake_device", None) or t.device  # FakeTensor.device is slow
 
 
 def is_noop_cast(node: Node) -> bool:
@@ -163,7 +167,7 @@ def is_noop_cast(node: Node) -> bool:
     out, src = value_of(node), value_of(node.args[0])
     if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
         return False
-    return out.dtype == src.dtype and out.shape == src.shape and out.device == src.device
+    return out.dtype == src.dtype and out.shape == src.shape and _device(out) == _device(src)
 
 
 def constant_number(node: Node) -> Any:

@@ -44,7 +44,9 @@ from ..fxutil.dialect import spellings
 from ..fxutil.fx import is_erased, sort_key
 from ._state import MatchState
 from .explain import NearMissHint, explain, near_misses, why_nothing
+from .interpret import Interpreter
 from .match import Matcher, RuleStats
+from .reach import Reach
 from .rewriter import Rewriter
 from .rule import Rule, as_rule
 
@@ -109,13 +111,15 @@ def rewrite(
     matcher.reset_stats()
     rw = Rewriter(gm, pass_name or _pass_name(name))
     st = MatchState(order=rw.order)
+    # the plain matcher's rules match only near the ops they name (see .reach)
+    reach = Reach(rw.graph) if type(matcher.interp) is Interpreter else None
     t0 = time.perf_counter()
     if once:
-        _walk_once(rw, matcher, st)
+        _walk_once(rw, matcher, st, reach)
     else:
         graph = rw.graph
         limit = max_rewrites if max_rewrites is not None else 10 * len(graph.nodes) + 100
-        _fixpoint(rw, matcher, st, limit, name)
+        _fixpoint(rw, matcher, st, limit, name, reach)
     result = RewriteResult(
         rewrites=rw.rewrites,
         stats=dict(matcher.stats),
@@ -134,28 +138,40 @@ def _pass_name(default: str) -> str:
 
 
 def _rewrite_at(
-    node: Node, rw: Rewriter, matcher: Matcher, st: MatchState, track_inputs: bool = False
+    node: Node,
+    rw: Rewriter,
+    matcher: Matcher,
+    st: MatchState,
+    reach: Reach | None,
+    track_inputs: bool = False,
 ) -> Any:
     """Try the node's rules in order; the applied match, or None."""
-    for match, s in matcher.matches(matcher.rules_for(node), node, st):
+    for match, s in matcher.matches(matcher.rules_for(node), node, st, reach):
         if track_inputs:  # read them now: erased nodes forget their arguments
             region = set(match.nodes)
             inputs = {a: None for n in match.nodes for a in n.all_input_nodes if a not in region}
         if rw.apply(match, s):
             if track_inputs:
                 match.inputs = list(inputs)
+            if reach is not None:
+                reach.touched(rw.created, rw.rewired)
             return match
     return None
 
 
-def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
+def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState, reach: Reach | None) -> None:
     wanted = matcher.wanted()
     graph = rw.graph
     candidates = _candidates(graph, matcher) if wanted is not None else None
     if candidates is not None:  # the graph's op index hands us the nodes, in graph order
+        only = _single_reach(matcher, reach)
         for node in candidates:
-            if not is_erased(node):
-                _rewrite_at(node, rw, matcher, st)
+            if is_erased(node):
+                continue
+            if only is not None and not only[0].may_match(node):
+                only[1].tried += 1  # ruled out before any matching
+                continue
+            _rewrite_at(node, rw, matcher, st, reach)
         return
     for node in list(graph.nodes):
         if wanted is not None:  # skip nodes no rule can be rooted at, without a call
@@ -169,7 +185,16 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState) -> None:
             else:
                 continue
         if not is_erased(node):
-            _rewrite_at(node, rw, matcher, st)
+            _rewrite_at(node, rw, matcher, st, reach)
+
+
+def _single_reach(matcher: Matcher, reach: Reach | None) -> tuple[Any, RuleStats] | None:
+    """For a matcher of one rule with a reach: (the reach, the rule's statistics)."""
+    if reach is None or len(matcher.rules) != 1:
+        return None
+    rule = matcher.rules[0]
+    entry = reach.of(rule)
+    return None if entry is None else (entry, matcher.stats[rule.name])
 
 
 def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
@@ -191,7 +216,9 @@ def _candidates(graph: Any, matcher: Matcher) -> list[Node] | None:
     return found
 
 
-def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: str) -> None:
+def _fixpoint(
+    rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: str, reach: Reach | None
+) -> None:
     work: deque[Node] = deque(rw.graph.nodes)
     queued: set[Node] = set(work)
 
@@ -205,7 +232,7 @@ def _fixpoint(rw: Rewriter, matcher: Matcher, st: MatchState, limit: int, name: 
         queued.discard(node)
         if is_erased(node):
             continue
-        match = _rewrite_at(node, rw, matcher, st, track_inputs=True)
+        match = _rewrite_at(node, rw, matcher, st, reach, track_inputs=True)
         if match is None:
             continue
         if rw.rewrites > limit:

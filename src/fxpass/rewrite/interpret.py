@@ -20,6 +20,7 @@ from typing import Any
 from torch.fx import Node
 
 from ..fxutil.dialect import aten_op
+from ..fxutil.fx import node_args, node_kwargs
 from ._state import MISSING, MatchState
 from .arguments import Layout
 from .constraint import constant_number, lit_eq
@@ -266,28 +267,23 @@ class Interpreter:
             return False
         if not r.ok:
             return False
-        args, kwargs = v.args, v.kwargs
+        args, kwargs = node_args(v), node_kwargs(v)
         if (r.unmentioned or r.pos_limit >= 0) and not strict_ok(r, args, kwargs, self.lit_ok):
             return False
         vals = r.getter(args, kwargs)
         quick = self.quick
-        straight = not r.quick or quick(r, vals)
-        svals = None
-        if p.commutative and r.swap is not None:
-            i, j = r.swap
-            svals = list(vals)
-            svals[i], svals[j] = vals[j], vals[i]
-            if r.quick and not quick(r, svals):
-                svals = None
-        if not straight and svals is None:
-            return False
-        st.nodes.append(v)
+        nodes = st.nodes
+        nodes.append(v)
         then = k if p.name is None and not p._shared else lambda: self.bind(p, v, st, k)
-        if straight and self.args(r, vals, st, then):
+        if (not r.quick or quick(r, vals)) and self.args(r, vals, st, then):
             return True
-        if svals is not None and self.args(r, svals, st, then):
-            return True
-        st.nodes.pop()
+        if p.commutative and r.swap is not None:  # the other operand order
+            i, j = r.swap
+            vals = list(vals)
+            vals[i], vals[j] = vals[j], vals[i]
+            if (not r.quick or quick(r, vals)) and self.args(r, vals, st, then):
+                return True
+        nodes.pop()
         return False
 
     def unlisted(self, p: P, v: Node) -> Layout | None:

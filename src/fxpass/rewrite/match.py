@@ -23,9 +23,11 @@ from ._state import MISSING, MatchState
 from .compile import CompiledMatcher, compile_rule
 from .interpret import Interpreter
 from .region import Match, lazy_order
+from .specialize import specialize_rule
 from .spelling import OpOverload, OpOverloadPacket
 
 if TYPE_CHECKING:
+    from .reach import Reach
     from .rule import Rule
 
 __all__ = ["Matcher", "RuleStats", "attempt", "match_at"]
@@ -56,10 +58,16 @@ class RuleStats:
 
 
 def compiled(rule: Rule) -> CompiledMatcher | None:
-    """The rule's compiled matcher, generated on first use (None: it needs the interpreter)."""
+    """The rule's compiled matcher, made on first use: straight-line code where the rule
+    has no alternatives, else the interpreter's handlers specialized to its pattern nodes
+    (None: it needs the interpreter itself)."""
     c = rule._compiled
     if c is MISSING:
-        c = rule._compiled = compile_rule(rule)
+        c = compile_rule(rule)
+        if c is None:
+            fn = specialize_rule(rule)
+            c = None if fn is None else CompiledMatcher(fn, "# specialized closures")
+        rule._compiled = c
     return c
 
 
@@ -163,16 +171,19 @@ class Matcher:
         return None
 
     def matches(
-        self, rules: Sequence[Rule], node: Node, st: MatchState
+        self, rules: Sequence[Rule], node: Node, st: MatchState, reach: Reach | None = None
     ) -> Iterator[tuple[Match, RuleStats]]:
         """(match, the rule's stats) for each of ``rules`` that matches at ``node``, in
         order; every rule tried is timed and counted. The driver takes the first match it
-        can apply."""
+        can apply. A rule ``reach`` rules out at ``node`` counts as tried (and failed)."""
         stats = self.stats
         perf = time.perf_counter
         interp = self.interp
         for rule in rules:
             s = stats[rule.name]
+            if reach is not None and not reach.may_match(rule, node):
+                s.tried += 1
+                continue
             t0 = perf()
             ok = attempt(rule, node, st, interp)
             s.seconds += perf() - t0

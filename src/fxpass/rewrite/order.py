@@ -38,15 +38,19 @@ class TopoOrder:
         return sort_key
 
 
-def find_cycle(order: TopoOrder, region: set[Node], hi=None) -> Node | None:
+def find_cycle(
+    order: TopoOrder, region: set[Node], hi=None, exits: Iterable[Node] | None = None
+) -> Node | None:
     """A node on a path that leaves ``region`` and re-enters it, or None if there is none.
 
-    ``hi`` is the position of the region's last node (computed when not given).
+    ``hi`` is the position of the region's last node (computed when not given); ``exits``
+    the region's nodes that have users outside it, where known (default: all of them).
     """
     pos = sort_key
     if hi is None:
         hi = max(pos(n) for n in region)
-    stack = [u for n in region for u in n.users if u not in region and pos(u) < hi]
+    starts = region if exits is None else exits
+    stack = [u for n in starts for u in n.users if u not in region and pos(u) < hi]
     seen: set[Node] = set()
     while stack:
         u = stack.pop()

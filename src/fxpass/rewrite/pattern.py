@@ -69,6 +69,7 @@ class P(Pattern):
     __slots__ = (
         "_cache",
         "_keep",
+        "_rejected",
         "args",
         "commutative",
         "constraint",
@@ -129,6 +130,7 @@ class P(Pattern):
         self.one_spelling = False  # True: only these targets, not their Edge spellings
         self._cache: dict[int, Layout] = {}
         self._keep: list[Any] = []
+        self._rejected: dict[int, Any] = {}  # id -> call_function target it does not call
         for f in fns:
             if isinstance(f, OpOverload):
                 self.layout(f, eager=True)
@@ -318,17 +320,20 @@ class P(Pattern):
             t = v.target
             if id(t) in self.fn_ids:
                 return True
+            if self._rejected.get(id(t)) is t:  # asked before: no
+                return False
             if self.packets and getattr(t, "overloadpacket", None) in self.packets:
                 return True
-            if self.one_spelling:
-                return False
-            a = aten_op(t)  # an Edge (or dim-order) spelling of an op in the set
-            if a is t:
-                return False
-            if id(a) in self.fn_ids or getattr(a, "overloadpacket", None) in self.packets:
-                self.fn_ids = self.fn_ids | {id(t)}  # the next look-up is one set probe
-                self._keep.append(t)
-                return True
+            if not self.one_spelling:
+                a = aten_op(t)  # an Edge (or dim-order) spelling of an op in the set
+                if a is not t and (
+                    id(a) in self.fn_ids or getattr(a, "overloadpacket", None) in self.packets
+                ):
+                    self.fn_ids = self.fn_ids | {id(t)}  # the next look-up is one set probe
+                    self._keep.append(t)
+                    return True
+            if len(self._rejected) < 256:
+                self._rejected[id(t)] = t  # the target keeps its id valid
             return False
         if op == "call_method":
             return v.target in self.methods

@@ -106,9 +106,13 @@ def complete(rule: Rule, st: MatchState) -> Match | Failure:
     if len(outs) > 1 or not rule.contained:
         order = st.order() if callable(st.order) else st.order
         if order is not None:
-            # every matched node feeds a root, so the last root is the region's end
+            # every matched node feeds a root, so the last root is the region's end; in a
+            # contained match only the outputs and the views seen through have users
+            # outside (the dropped asserts have none): a path out and back starts there
             hi = max(order[r] for r in roots) if len(roots) > 1 else order[roots[0]]
-            via = find_cycle(order, set(matched).union(soft), hi)
+            region = set(matched).union(soft)
+            exits = [*outs, *soft] if rule.contained else None
+            via = find_cycle(order, region, hi, exits)
             if via is not None:
                 return Failure("cycle", via)
     return Match(

@@ -127,6 +127,7 @@ class Rewriter:
         self.meta = MetaPropagator()
         self.rewrites = 0
         self.created: list[Node] = []  # new nodes of the last rewrite
+        self.rewired: list[Node] = []  # the values that took over its outputs' uses
 
     # ----- the topological index -------------------------------------------------------
     def order(self) -> TopoOrder:
@@ -211,6 +212,7 @@ class Rewriter:
             editor.erase_all(unused, rule.name)
             new = [n for n in new if not is_erased(n)]
         change.new = new
+        self.rewired = values
         return new
 
     def erase(self, node: Node, rule: str, location: str = "") -> bool:
@@ -230,7 +232,12 @@ class Rewriter:
         graph = self.graph
         before = anchor.prev
         tracer = self._tracer
-        env = {k: _wrap(v, tracer) for k, v in match.bindings.items()}
+        bindings = match.bindings
+        names = rule.replacement_names()  # proxies only for what the replacement reads
+        if names is None:
+            env = {k: _wrap(v, tracer) for k, v in bindings.items()}
+        else:
+            env = {k: _wrap(bindings[k], tracer) for k in names if k in bindings}
         try:
             with graph.inserting_before(anchor):
                 result = rule.build(env, match)

@@ -175,6 +175,10 @@ class Rule:
         return bool(_call_with(self.where, names, takes_all, env, None))
 
     # ----- replacing --------------------------------------------------------------------
+    def replacement_names(self) -> tuple[str, ...] | None:
+        """The bound names the replacement takes (None: all of them)."""
+        return None if self._takes_all else self._params
+
     def build(self, bindings: dict[str, Any], match: Any) -> Any:
         """Call the replacement (inside the rewriter, with proxies for nodes)."""
         rep = self.replacement

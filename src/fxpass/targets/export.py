@@ -53,7 +53,13 @@ from torch.export.graph_signature import (
 from ..core.context import scoped
 from ..core.errors import FxpassError
 from ..edit.editor import Editor
-from ..fxutil.fx import EXPORTED_META, copy_sharing_specs, last_node
+from ..fxutil.fx import (
+    EXPORTED_META,
+    copy_sharing_specs,
+    last_node,
+    lazy_exported_programs,
+    make_lazy_module,
+)
 from ..fxutil.paths import del_path, find_path
 from .pt2 import load as _load_pt2
 from .runner import Runner
@@ -278,8 +284,9 @@ def erase_mutation(gm: fx.GraphModule, target: str) -> bool:
 
 # ----- running ---------------------------------------------------------------------------------
 def _copy_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` with its own graph (node meta copied shallowly), sharing tensors."""
-    new = fx.GraphModule(gm, copy_sharing_specs(gm.graph))
+    """A copy of ``gm`` with its own graph (node meta copied shallowly), sharing tensors;
+    its code is generated only if something runs it (the passes work on the graph)."""
+    new = make_lazy_module(gm, copy_sharing_specs(gm.graph))
     new.meta = dict(gm.meta)
     for name, child in list(new.named_children()):
         if isinstance(child, fx.GraphModule):  # e.g. branches of cond: passes may edit them
@@ -354,20 +361,9 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
     _drop_unused_state(ctx, input_specs)
     graph.lint()
     _fill_missing_vals(gm)
-    from torch.export.exported_program import _get_updated_range_constraints
-
     try:
-        program = ExportedProgram(
-            root=gm,
-            graph=graph,
-            graph_signature=signature,
-            state_dict=ctx.state_dict,
-            range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
-            module_call_graph=_module_call_graph(ep, signature),
-            example_inputs=ep.example_inputs,
-            constants=ctx.constants,
-            verifiers=list(ep.verifiers),
-        )
+        with lazy_exported_programs():  # code generated when the program is run or saved
+            program = _new_program(ep, ctx, gm, signature)
     except Exception as e:
         raise SignatureError(
             f"after the passes the graph no longer forms a valid ExportedProgram: "
@@ -375,6 +371,24 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
         ) from e
     program.graph_module.meta.update(ep.graph_module.meta)
     return program
+
+
+def _new_program(
+    ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule, signature: ExportGraphSignature
+) -> ExportedProgram:
+    from torch.export.exported_program import _get_updated_range_constraints
+
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict=ctx.state_dict,
+        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
+        module_call_graph=_module_call_graph(ep, signature),
+        example_inputs=ep.example_inputs,
+        constants=ctx.constants,
+        verifiers=list(ep.verifiers),
+    )
 
 
 def _fill_missing_vals(gm: fx.GraphModule) -> None:

@@ -54,9 +54,15 @@ def keep_layout(new: Any, new_val: Any, old: Any) -> Any:
         return None
     if new_val.dtype != old_val.dtype:
         return None
-    same_shape = new_val.dim() == old_val.dim() and statically_known_true(
-        sym_eq(tuple(new_val.shape), tuple(old_val.shape))
-    )
+    static = not (new_val._has_symbolic_sizes_strides or old_val._has_symbolic_sizes_strides)
+    if static:  # plain sizes compare without the symbolic machinery (nothing to guard)
+        same_shape = new_val.shape == old_val.shape
+        if same_shape and new_val.stride() == old_val.stride():
+            return new
+    else:
+        same_shape = new_val.dim() == old_val.dim() and statically_known_true(
+            sym_eq(tuple(new_val.shape), tuple(old_val.shape))
+        )
     if not same_shape:
         # The pattern saw through row-keeping views in front of the norm, and the rewriter
         # replays them on the result: views of a value laid out like the chain's input (the

@@ -119,19 +119,22 @@ def _tensor(v: Any) -> torch.Tensor | None:
 _PROMOTED = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def norm_ok(b: dict[str, Any]) -> bool:
+def norm_ok(b: dict[str, Any], x: str = "x") -> bool:
     """The matched computation (bindings ``b``) is exactly an RMSNorm over the last
-    dimension of ``norm_in`` (``x`` behind views that keep its rows) whose result ``out``
-    has ``x``'s dtype (what ``fxpass::rms_norm`` computes)."""
-    xv, wv, ov = _tensor(b["x"]), _tensor(b["w"]), _tensor(b["out"])
-    hv = _tensor(b.get("norm_in", b["x"]))
+    dimension of ``norm_in`` (the norm's input, bound to ``x``, behind views that keep its
+    rows) whose result ``out`` has that input's dtype (what ``fxpass::rms_norm`` computes)."""
+    xn = b[x]
+    xv, wv, ov = _tensor(xn), _tensor(b["w"]), _tensor(b["out"])
+    hv = _tensor(b.get("norm_in", xn))
     if xv is None or wv is None or ov is None or hv is None or not xv.is_floating_point():
         return False
-    if "dim" in b and not _last_dim(b["dim"], hv.dim()):
+    shape = hv.shape
+    rank = len(shape)
+    if "dim" in b and not _last_dim(b["dim"], rank):
         return False
-    if hv.dim() < 1 or wv.dim() != 1 or wv.shape[0] != hv.shape[-1]:
+    if rank < 1 or wv.dim() != 1 or wv.shape[0] != shape[-1]:
         return False
-    if ov.dtype != xv.dtype or tuple(ov.shape) != tuple(hv.shape):
+    if ov.dtype != xv.dtype or tuple(ov.shape) != tuple(shape):
         return False
     if "promoted" in b and (xv.dtype not in _PROMOTED or "upcast" not in b):
         return False  # T5's product promotes x to float32 exactly only from these

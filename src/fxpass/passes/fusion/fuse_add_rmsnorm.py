@@ -20,21 +20,18 @@ _FUSED = torch.ops.fxpass.fused_add_rmsnorm.default
 
 
 def _fused_add_rms_norm(
-    x: Any, residual: Any, w: Any, eps: float, offset: float = 0.0, **b: Any
+    x: Any, residual: Any, w: Any, eps: float, out: Any, sum: Any, offset: float = 0.0
 ) -> Any:
     args = (x, residual, w, *scalars(eps, offset))
     fused = _FUSED(*args)
     vals = fake_result(_FUSED, *args) or (None, None)
-    normed = keep_layout(fused[0], vals[0], b["out"])
-    total = keep_layout(fused[1], vals[1], b["sum"])
+    normed = keep_layout(fused[0], vals[0], out)
+    total = keep_layout(fused[1], vals[1], sum)
     return None if normed is None or total is None else (normed, total)
 
 
 def _is_add_norm(**b: Any) -> bool:
-    b["x"], b["x_in"] = b["sum"], b["x"]
-    ok = norm_ok(b)
-    b["x"] = b.pop("x_in")
-    return ok and add_ok(b)
+    return norm_ok(b, x="sum") and add_ok(b)  # the norm reads the sum
 
 
 RULES = RuleSet(
