@@ -21,6 +21,7 @@ Differences, on purpose:
 
 from __future__ import annotations
 
+import functools
 import operator
 from contextlib import nullcontext, suppress
 from typing import Any
@@ -87,10 +88,17 @@ _RESULTS = FAKE_RESULTS  # fake results by op and input metadata, shared in the 
 _NAMES: dict[Any, str] = {}  # target -> the node name ExecuTorch's tracer derives from it
 
 
+@functools.cache
+def _empty_module() -> fx.GraphModule:
+    return make_lazy_module(torch.nn.Module(), fx.Graph())
+
+
 def _interpreter() -> fx.Interpreter:
     """What runs ops on fake values for a pass (ExecuTorch's ``self.interpreter``): over an
-    empty module whose code is never generated."""
-    return fx.Interpreter(make_lazy_module(torch.nn.Module(), fx.Graph()))
+    empty module whose code is never generated, one for every pass (it has nothing to
+    change, and building a module for each of the thousands of passes a lowering runs
+    costs more than the passes that change nothing)."""
+    return fx.Interpreter(_empty_module())
 
 
 def _emitted_by(target: Any, old: fx.Node) -> bool:

@@ -74,6 +74,7 @@ _LITERALS = frozenset(
     )
 )
 _SEQUENCES = frozenset((tuple, list, fx.immutable_collections.immutable_list))
+_MAPPINGS = frozenset((dict, fx.immutable_collections.immutable_dict))
 
 
 def fake_data(a: Any) -> Any:
@@ -86,8 +87,8 @@ def fake_data(a: Any) -> Any:
         return a.data
     if cls in _SEQUENCES:
         return cls(fake_data(x) for x in a)
-    if cls is dict:
-        return {k: fake_data(v) for k, v in a.items()}
+    if cls in _MAPPINGS:  # a node's kwargs are an immutable_dict
+        return cls((k, fake_data(v)) for k, v in a.items())
     return pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, a)
 
 
@@ -103,7 +104,7 @@ def node_arg(a: Any) -> Any:
     if cls in _SEQUENCES:
         items = [node_arg(x) for x in a]
         return tuple(items) if cls is tuple else items
-    if cls in (dict, fx.immutable_collections.immutable_dict):
+    if cls in _MAPPINGS:
         return {k: node_arg(v) for k, v in a.items()}
     if isinstance(a, _et.ProxyValue):
         return a.node

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ...fxutil.values import FAKE_RESULTS
 
@@ -150,11 +150,23 @@ def dtype_check(check: Callable[[fx.GraphModule], None]) -> Callable[[fx.GraphMo
     return checked
 
 
+def _fake_mode(values: Any) -> Any:
+    """The fake mode of the first fake tensor among ``values`` (and the lists in them)."""
+    for v in values:
+        if isinstance(v, FakeTensor):
+            return v.fake_mode
+        if isinstance(v, (list, tuple)):
+            mode = _fake_mode(v)
+            if mode is not None:
+                return mode
+    return None
+
+
 class _CachedResults(fx.Interpreter):
     """Runs an op on fake values, or takes its result from :data:`FAKE_RESULTS`."""
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        mode = detect_fake_mode((args, kwargs))
+        mode = _fake_mode(args) or _fake_mode(kwargs.values())
         hit = FAKE_RESULTS.get(target, args, kwargs, mode) if mode is not None else None
         if hit is not None:
             return hit
