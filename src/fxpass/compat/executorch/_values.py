@@ -33,6 +33,7 @@ __all__ = [
     "is_symbolic",
     "node_arg",
     "preserve_placeholder_values",
+    "proxies",
     "set_value_meta",
     "settle_metadata",
     "traced_meta",
@@ -89,7 +90,26 @@ def fake_data(a: Any) -> Any:
         return cls(fake_data(x) for x in a)
     if cls in _MAPPINGS:  # a node's kwargs are an immutable_dict
         return cls((k, fake_data(v)) for k, v in a.items())
+    if isinstance(a, torch.Tensor):
+        return a
     return pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, a)
+
+
+def proxies(a: Any) -> Any:
+    """``a`` with every ``ProxyValue`` replaced by its proxy (ExecuTorch's
+    ``tree_map_only(ProxyValue, lambda x: x.proxy, ...)``, for the common containers)."""
+    cls = type(a)
+    if cls in _LITERALS:
+        return a
+    if isinstance(a, _et.ProxyValue):
+        return a.proxy
+    if cls in _SEQUENCES:
+        return cls(proxies(x) for x in a)
+    if cls in _MAPPINGS:
+        return cls((k, proxies(v)) for k, v in a.items())
+    if isinstance(a, torch.Tensor):
+        return a
+    return pytree.tree_map_only(_et.ProxyValue, lambda x: x.proxy, a)
 
 
 def node_arg(a: Any) -> Any:
