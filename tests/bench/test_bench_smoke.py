@@ -22,8 +22,9 @@ def test_benchmarks_exist():
 def test_benchmark_runs_quick(script):
     if script.startswith("executorch"):
         pytest.importorskip("executorch.exir")
+    extra = ["--phases"] if script == "executorch.py" else []  # its phase table too
     proc = subprocess.run(
-        [sys.executable, str(BENCH / script), "--quick", "--repeat", "1"],
+        [sys.executable, str(BENCH / script), "--quick", "--repeat", "1", *extra],
         capture_output=True,
         text=True,
         timeout=900,
@@ -31,3 +32,5 @@ def test_benchmark_runs_quick(script):
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     out = proc.stdout.lower()
     assert "ratio" in out or "speedup" in out, f"{script} printed no ratio:\n{proc.stdout}"
+    if extra:
+        assert "xnnpack's passes on each delegate" in out, proc.stdout

@@ -20,7 +20,11 @@ its own objects in (:data:`_SWAPS`):
   fxpass's classes;
 * ``lowered_backend_module.legalize_graph``: the same order, made in place
   (:mod:`._fusion`);
-* ``backend_api``'s loops over partitions: ExecuTorch's own, recompiling the program once.
+* ``backend_api``'s loops over partitions: ExecuTorch's own, recompiling the program once;
+* the Edge verifier's dtype check: ExecuTorch's, run once per graph shape that passed
+  (:mod:`._verified`);
+* torch's ``ReplaceViewOpsWithViewCopyOpsPass``, which ``to_edge`` runs: the same pass on
+  fxpass's ``ExportPass`` (:mod:`._view_copy`).
 
 Everything else in those modules (``ProxyValue``, ``NodeMetadata``, ``PassResult``, the
 errors) stays ExecuTorch's, as fxpass's classes use them.
@@ -84,12 +88,31 @@ def _lowered_backend_module(module: types.ModuleType) -> dict[str, Any]:
     return {"legalize_graph": legalize_graph}
 
 
+def _verifier(module: types.ModuleType) -> dict[str, Any]:
+    from ._verified import arg_validator, dtype_check
+
+    name = "_check_tensor_args_matching_op_allowed_dtype"
+    return {
+        name: dtype_check(getattr(module, name)),
+        "EdgeOpArgValidator": arg_validator(module.EdgeOpArgValidator),
+    }
+
+
+def _view_copy(module: types.ModuleType) -> dict[str, Any]:
+    name = "ReplaceViewOpsWithViewCopyOpsPass"
+    ours = _fxpass_module("fxpass.compat.executorch._view_copy", (name,))
+    return {name: getattr(ours, name)}
+
+
 #: ExecuTorch's modules, and what fxpass puts into each once it has run
 _SWAPS: dict[str, Callable[[types.ModuleType], dict[str, Any]]] = {
     _PASS_BASE: _pass_base,
     "executorch.exir.pass_manager": _pass_manager,
     "executorch.exir.backend.backend_api": _backend_api,
     "executorch.exir.lowered_backend_module": _lowered_backend_module,
+    "executorch.exir.verification.verifier": _verifier,
+    "executorch.exir.program._program": _view_copy,
+    "executorch.exir.capture._capture": _view_copy,
 }
 
 

@@ -21,6 +21,7 @@ Differences, on purpose:
 
 from __future__ import annotations
 
+import functools
 import operator
 from contextlib import nullcontext, suppress
 from typing import Any
@@ -35,7 +36,6 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx import traceback as fx_traceback
 from torch.fx.graph import CodeGen
-from torch.utils import _pytree as pytree
 
 from ...core.context import current_context
 from ...core.contract import PassResult
@@ -59,6 +59,7 @@ from ._values import (
     is_symbolic,
     node_arg,
     preserve_placeholder_values,
+    proxies,
     set_value_meta,
     settle_metadata,
     traced_meta,
@@ -87,10 +88,17 @@ _RESULTS = FAKE_RESULTS  # fake results by op and input metadata, shared in the 
 _NAMES: dict[Any, str] = {}  # target -> the node name ExecuTorch's tracer derives from it
 
 
+@functools.cache
+def _empty_module() -> fx.GraphModule:
+    return make_lazy_module(torch.nn.Module(), fx.Graph())
+
+
 def _interpreter() -> fx.Interpreter:
     """What runs ops on fake values for a pass (ExecuTorch's ``self.interpreter``): over an
-    empty module whose code is never generated."""
-    return fx.Interpreter(make_lazy_module(torch.nn.Module(), fx.Graph()))
+    empty module whose code is never generated, one for every pass (it has nothing to
+    change, and building a module for each of the thousands of passes a lowering runs
+    costs more than the passes that change nothing)."""
+    return fx.Interpreter(_empty_module())
 
 
 def _emitted_by(target: Any, old: fx.Node) -> bool:
@@ -313,7 +321,7 @@ class ExportPass(InterpreterPass):
         self._current = self._meta_for = None
         self._editor = Editor(current_context(), self.name)
         self._build = Editor(None, self.name)  # builds the tracer's new graph: no run watches it
-        data = pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, inputs)
+        data = fake_data(inputs)
         try:
             with fx_traceback.preserve_node_meta():
                 self._run_graph(graph_module, data)
@@ -493,9 +501,7 @@ class ExportPass(InterpreterPass):
         try:
             node_args, node_kwargs = node_arg(args), node_arg(kwargs)
         except RawInput:
-            args_proxy, kwargs_proxy = pytree.tree_map_only(
-                _et.ProxyValue, lambda x: x.proxy, (args, kwargs)
-            )
+            args_proxy, kwargs_proxy = proxies(args), proxies(kwargs)
             tracer = self.tracer
             proxy = tracer.create_proxy(
                 kind, target, args_proxy, kwargs_proxy, name=self._node_name(target)

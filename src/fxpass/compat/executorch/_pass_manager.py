@@ -40,6 +40,7 @@ from ...core.context import detached
 from ...core.contract import Pass
 from ...core.contract import PassResult as _FxpassPassResult
 from ...core.errors import PassFailedError
+from ...fxutil.fx_internals import make_lazy
 from .._pass_infra import PassManager as _TorchPassManager
 from .._pass_infra import pass_result_wrapper
 from .._policy import manager_rounds, pass_manager_error, pass_name
@@ -195,7 +196,7 @@ class ExportedProgramPassManager(_TorchPassManager):
         if checked(exported_program, state):
             return
         graph_module = exported_program.graph_module
-        graph_module.recompile()
+        make_lazy(graph_module)  # ExecuTorch recompiles here: the code, made when first used
         graph_module.graph.lint()
         _reject_call_method(graph_module)
         exported_program.validate()

@@ -33,6 +33,7 @@ __all__ = [
     "is_symbolic",
     "node_arg",
     "preserve_placeholder_values",
+    "proxies",
     "set_value_meta",
     "settle_metadata",
     "traced_meta",
@@ -74,6 +75,7 @@ _LITERALS = frozenset(
     )
 )
 _SEQUENCES = frozenset((tuple, list, fx.immutable_collections.immutable_list))
+_MAPPINGS = frozenset((dict, fx.immutable_collections.immutable_dict))
 
 
 def fake_data(a: Any) -> Any:
@@ -86,9 +88,28 @@ def fake_data(a: Any) -> Any:
         return a.data
     if cls in _SEQUENCES:
         return cls(fake_data(x) for x in a)
-    if cls is dict:
-        return {k: fake_data(v) for k, v in a.items()}
+    if cls in _MAPPINGS:  # a node's kwargs are an immutable_dict
+        return cls((k, fake_data(v)) for k, v in a.items())
+    if isinstance(a, torch.Tensor):
+        return a
     return pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, a)
+
+
+def proxies(a: Any) -> Any:
+    """``a`` with every ``ProxyValue`` replaced by its proxy (ExecuTorch's
+    ``tree_map_only(ProxyValue, lambda x: x.proxy, ...)``, for the common containers)."""
+    cls = type(a)
+    if cls in _LITERALS:
+        return a
+    if isinstance(a, _et.ProxyValue):
+        return a.proxy
+    if cls in _SEQUENCES:
+        return cls(proxies(x) for x in a)
+    if cls in _MAPPINGS:
+        return cls((k, proxies(v)) for k, v in a.items())
+    if isinstance(a, torch.Tensor):
+        return a
+    return pytree.tree_map_only(_et.ProxyValue, lambda x: x.proxy, a)
 
 
 def node_arg(a: Any) -> Any:
@@ -103,7 +124,7 @@ def node_arg(a: Any) -> Any:
     if cls in _SEQUENCES:
         items = [node_arg(x) for x in a]
         return tuple(items) if cls is tuple else items
-    if cls in (dict, fx.immutable_collections.immutable_dict):
+    if cls in _MAPPINGS:
         return {k: node_arg(v) for k, v in a.items()}
     if isinstance(a, _et.ProxyValue):
         return a.node
