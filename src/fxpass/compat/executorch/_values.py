@@ -11,6 +11,8 @@ interpreting another the metadata torch's tracer and ExecuTorch would give it,
 from __future__ import annotations
 
 import copy
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -78,38 +80,37 @@ _SEQUENCES = frozenset((tuple, list, fx.immutable_collections.immutable_list))
 _MAPPINGS = frozenset((dict, fx.immutable_collections.immutable_dict))
 
 
-def fake_data(a: Any) -> Any:
-    """``a`` with every ``ProxyValue`` replaced by its data (ExecuTorch's
-    ``tree_map_only(ProxyValue, lambda x: x.data, ...)``, for the common containers)."""
+def _each_proxy_value(a: Any, get: Callable[[Any], Any]) -> Any:
+    """``a`` with every ``ProxyValue`` replaced by ``get(value)``: the common containers
+    walked directly, anything else through pytree (ExecuTorch's ``tree_map_only``)."""
     cls = type(a)
     if cls in _LITERALS:
         return a
     if isinstance(a, _et.ProxyValue):
-        return a.data
+        return get(a)
     if cls in _SEQUENCES:
-        return cls(fake_data(x) for x in a)
+        return cls(_each_proxy_value(x, get) for x in a)
     if cls in _MAPPINGS:  # a node's kwargs are an immutable_dict
-        return cls((k, fake_data(v)) for k, v in a.items())
+        return cls((k, _each_proxy_value(v, get)) for k, v in a.items())
     if isinstance(a, torch.Tensor):
         return a
-    return pytree.tree_map_only(_et.ProxyValue, lambda x: x.data, a)
+    return pytree.tree_map_only(_et.ProxyValue, get, a)
+
+
+_DATA = operator.attrgetter("data")
+_PROXY = operator.attrgetter("proxy")
+
+
+def fake_data(a: Any) -> Any:
+    """``a`` with every ``ProxyValue`` replaced by its data (ExecuTorch's
+    ``tree_map_only(ProxyValue, lambda x: x.data, ...)``)."""
+    return _each_proxy_value(a, _DATA)
 
 
 def proxies(a: Any) -> Any:
     """``a`` with every ``ProxyValue`` replaced by its proxy (ExecuTorch's
-    ``tree_map_only(ProxyValue, lambda x: x.proxy, ...)``, for the common containers)."""
-    cls = type(a)
-    if cls in _LITERALS:
-        return a
-    if isinstance(a, _et.ProxyValue):
-        return a.proxy
-    if cls in _SEQUENCES:
-        return cls(proxies(x) for x in a)
-    if cls in _MAPPINGS:
-        return cls((k, proxies(v)) for k, v in a.items())
-    if isinstance(a, torch.Tensor):
-        return a
-    return pytree.tree_map_only(_et.ProxyValue, lambda x: x.proxy, a)
+    ``tree_map_only(ProxyValue, lambda x: x.proxy, ...)``)."""
+    return _each_proxy_value(a, _PROXY)
 
 
 def node_arg(a: Any) -> Any:
