@@ -10,7 +10,7 @@ pattern ``P`` and the language users write are in :mod:`fxpass.rewrite.pattern`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torch.fx import Node
@@ -30,6 +30,7 @@ __all__ = [
     "Var",
     "as_pattern",
     "mark_shared",
+    "walk_children",
 ]
 
 
@@ -64,15 +65,7 @@ class Pattern:
 
     def walk(self) -> Iterable[Pattern]:
         """This pattern and every pattern inside it, each object once."""
-        seen: set[int] = set()
-        stack: list[Pattern] = [self]
-        while stack:
-            p = stack.pop()
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            yield p
-            stack.extend(reversed(list(p.children())))
+        return walk_children(self)
 
     def names(self) -> list[str]:
         """Every name this pattern binds, in the order they appear."""
@@ -289,3 +282,17 @@ def mark_shared(roots: Iterable[Pattern]) -> None:
         p = objs[key]
         if n > 1 and not isinstance(p, Lit):
             p._shared = True
+
+
+def walk_children(root: Any) -> Iterator[Any]:
+    """``root`` and everything under it by ``children()``, each object once, depth first in
+    the children's order (a pattern DAG, or any tree of objects with ``children()``)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        p = stack.pop()
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        yield p
+        stack.extend(reversed(list(p.children())))

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from ...rewrite.leaves import walk_children
+
 __all__ = [
     "MULTIPLE",
     "Arg",
@@ -384,15 +386,7 @@ class RepeatedExpr(PatternExpr):
 
 def walk(root: PatternExpr) -> Iterator[PatternExpr]:
     """Every pattern expression under ``root`` (each object once), in Inductor's match order."""
-    seen: set[int] = set()
-    stack: list[PatternExpr] = [root]
-    while stack:
-        p = stack.pop()
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        yield p
-        stack.extend(reversed(list(p.children())))
+    return walk_children(root)
 
 
 def pattern_text(root: PatternExpr) -> str:
