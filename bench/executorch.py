@@ -109,7 +109,8 @@ wall, cpu = time.perf_counter(), time.process_time()
 lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
 program = lowered.to_executorch().buffer
-outputs = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))
+loaded = Runtime.get().load_program(program)  # a Method runs only while its Program lives
+outputs = loaded.load_method("forward").execute(list(inputs))
 with open(out + ".pte", "wb") as f:
     f.write(program)
 torch.save([o.clone() for o in outputs], out + ".pt")

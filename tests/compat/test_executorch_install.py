@@ -35,7 +35,8 @@ def lower(out):
         torch.export.export(model, (x,)), partitioner=[XnnpackPartitioner()]
     )
     program = lowered.to_executorch().buffer
-    (y,) = Runtime.get().load_program(program).load_method("forward").execute([x])
+    loaded = Runtime.get().load_program(program)  # a Method runs only while its Program lives
+    (y,) = loaded.load_method("forward").execute([x])
     torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-5)
     open(out + ".pte", "wb").write(program)
     torch.save(y, out + ".pt")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,8 +64,10 @@ def _targets(program):
 
 
 def _run_pte(program, inputs):
-    method = Runtime.get().load_program(program.to_executorch().buffer).load_method("forward")
-    return method.execute(list(inputs))[0]
+    # The runtime's Method reads memory its Program owns: a Program dropped before the Method
+    # runs is freed under it (outputs None or a crash, depending on what reuses the memory).
+    loaded = Runtime.get().load_program(program.to_executorch().buffer)
+    return loaded.load_method("forward").execute(list(inputs))[0]
 
 
 def test_capability_partitions_lower_to_xnnpack_and_run():
@@ -133,3 +137,22 @@ def test_export_passes_see_delegates_as_executorch_does():
     assert [name for name, _ in ours.named_children()] == [
         name for name, _ in theirs.named_children()
     ]
+
+
+def test_no_runtime_method_outlives_its_program():
+    """ExecuTorch's Python ``Method`` does not keep its ``Program`` alive: in
+    ``load_program(pte).load_method(...)`` the Program is freed before the Method runs, and
+    the run reads freed memory (this test module's own helper returned None in CI that way).
+    Every caller in the repository keeps the Program in a name first."""
+    root = Path(__file__).resolve().parents[2]
+    chained = re.compile(r"load_program\([^\n]*\)\s*\.load_method\(")
+    offenders = [
+        f"{path.relative_to(root)}:{text[: m.start()].count(chr(10)) + 1}"
+        for folder in ("src", "tests", "docs", "bench", "examples")
+        for path in sorted((root / folder).rglob("*"))
+        if path.suffix in {".py", ".md"}
+        for text in [path.read_text()]
+        for m in chained.finditer(text)
+        if path != Path(__file__).resolve()
+    ]
+    assert not offenders, f"a Program dropped before its Method runs: {offenders}"
