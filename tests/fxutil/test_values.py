@@ -98,6 +98,54 @@ def test_a_layout_only_hit_is_the_remembered_layout_without_a_fake_tensor(gm):
     assert other.fake_mode is evaluator.mode and cache.hits == 3  # two layout hits, one fresh
 
 
+def test_a_hit_returns_what_is_preferred_where_its_metadata_fits(gm):
+    cache = FakeResults()
+    evaluator = FakeEvaluator.for_graph(gm, cache=cache)
+    mm = _mm(gm)
+    args = tuple(node_val(a) for a in mm.args)
+    recorded = node_val(mm)
+    first = evaluator.run(aten.mm.default, args, prefer=recorded)  # a miss: the kernel's own
+    assert first is not recorded and same_value(first, recorded, grad=False)
+    assert evaluator.run(aten.mm.default, args, prefer=recorded) is recorded  # a hit that fits
+    other_layout = recorded.t().contiguous().t()  # same sizes, strides transposed
+    assert not same_value(other_layout, recorded)
+    fresh = evaluator.run(aten.mm.default, args, prefer=other_layout)
+    assert fresh is not other_layout and same_value(fresh, recorded, grad=False)
+    with FakeTensorMode() as elsewhere:  # another mode's tensor never stands in
+        foreign = elsewhere.from_tensor(torch.empty(recorded.shape))
+    assert evaluator.run(aten.mm.default, args, prefer=foreign) is not foreign
+    assert cache.hits == 3
+
+
+def test_a_tuple_result_takes_each_preferred_element_that_fits(gm):
+    evaluator = FakeEvaluator.for_graph(gm, cache=FakeResults())
+    x = node_val(_mm(gm))
+    op = aten.var_mean.correction
+    kwargs = {"dim": [-1], "keepdim": True}
+    var, mean = evaluator.run(op, (x,), kwargs)  # a miss
+    again = evaluator.run(op, (x,), kwargs, prefer=(None, mean))  # the first element fresh
+    assert again[1] is mean and again[0] is not var and same_value(again[0], var)
+    short = evaluator.run(op, (x,), kwargs, prefer=(var,))  # fewer elements than results
+    assert short[0] is var and short[1] is not mean
+
+
+def test_a_result_that_requires_grad_is_computed_each_time_never_a_built_leaf():
+    cache = FakeResults()
+    with FakeTensorMode() as mode:
+        w = mode.from_tensor(torch.randn(4, 4)).requires_grad_()
+        x = mode.from_tensor(torch.randn(2, 4))
+    evaluator = FakeEvaluator(mode, cache=cache)
+    for _ in range(2):  # a tensor built from remembered metadata would be an autograd leaf,
+        out = evaluator.run(aten.mm.default, (x, w))  # which the in-place add refuses
+        assert out.requires_grad and out.grad_fn is not None
+        assert evaluator.run(aten.add_.Tensor, (out, x[:, :1])) is out
+    assert cache.hits == 0
+    with torch.no_grad():  # without autograd the same call is remembered
+        first = evaluator.run(aten.mm.default, (x, w))
+        second = evaluator.run(aten.mm.default, (x, w))
+    assert cache.hits == 1 and not second.requires_grad and same_value(first, second)
+
+
 def test_real_tensors_become_fake_in_the_evaluators_mode(gm):
     evaluator = FakeEvaluator.for_graph(gm)
     value = evaluator.fake((torch.ones(2), 3))

@@ -103,3 +103,64 @@ def test_dynamo_graphs_get_example_values():
     rewrite(gm, [Rule(P(torch.relu, x), lambda x: torch.clamp(x, min=0))])
     (n,) = _new(gm)
     assert n.meta["example_value"].shape == (3,) and n.meta["val"] is n.meta["example_value"]
+
+
+def _same_shape_relus():
+    def f(a, b, c):
+        return torch.relu(a), torch.relu(b), torch.relu(c)
+
+    args = (torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3).t())
+    return torch.export.export(_Fn(f), args).run_decompositions().graph_module
+
+
+def test_a_new_node_keeps_the_replaced_nodes_value_when_its_metadata_is_the_same():
+    gm = _same_shape_relus()
+    old = [n.meta["val"] for n in gm.graph.nodes if n.target is aten.relu.default]
+    rewrite(gm, [Rule(P(aten.relu.default, x), lambda x: torch.ops.aten.clamp_min.default(x, 0.0))])
+    new = [n.meta["val"] for n in _new(gm)]
+    # every value has its site's layout (the third input is transposed); the second site
+    # finds the result the first computed, and the old fake tensor stands in for a fresh one
+    assert all(n.stride() == o.stride() and n.shape == o.shape for n, o in zip(new, old))
+    assert new[1] is old[1]
+
+
+def test_a_view_made_by_a_replacement_shares_its_inputs_storage_at_every_site():
+    from fxpass.fxutil.views import shares_storage
+
+    gm = _same_shape_relus()
+    rule = Rule(
+        P(aten.relu.default, x),
+        lambda x: torch.ops.aten.t.default(torch.ops.aten.t.default(torch.ops.aten.relu(x))),
+        name="relu_through_views",
+    )
+    rewrite(gm, [rule])
+    views = [n for n in _new(gm) if n.target is aten.t.default]
+    assert len(views) == 6
+    for v in views:  # alias analysis reads storages: a view's value must share its base's
+        assert shares_storage(v.meta["val"], v.args[0].meta["val"])
+
+
+def test_new_values_follow_the_graphs_autograd_convention():
+    """Export records values computed without autograd (a weight's users do not require
+    grad), Dynamo with it; a new node's value follows the node it replaces."""
+    gm = exported().graph_module
+    params = [n for n in gm.graph.find_nodes(op="placeholder") if n.meta["val"].requires_grad]
+    w = P.var("w", where=lambda n: n.meta["val"].requires_grad)  # a weight, read directly
+    rule = Rule(P(aten.mul.Tensor, w, x), lambda w, x: torch.ops.aten.mul.Tensor(x, w))
+    assert rewrite(gm, [rule], once=True).rewrites == 5
+    made = _new(gm)
+    assert made and all(n.args[1] in params for n in made)
+    assert not any(n.meta["val"].requires_grad for n in made)
+
+    graphs = []
+    torch._dynamo.reset()
+    linear = torch.nn.Linear(3, 3)
+    torch.compile(
+        lambda a: torch.relu(linear(a)),
+        backend=lambda gm, ex: (graphs.append(gm), gm.forward)[1],
+        fullgraph=True,
+    )(torch.randn(2, 3))
+    torch._dynamo.reset()
+    rewrite(graphs[0], [Rule(P(torch.relu, x), lambda x: torch.clamp(x, min=0))])
+    (n,) = _new(graphs[0])
+    assert n.meta["example_value"].requires_grad  # relu of a Linear's output, as Dynamo has it

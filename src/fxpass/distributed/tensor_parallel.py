@@ -403,8 +403,7 @@ def repropagate(gm: fx.GraphModule, mode: Any, changed: set[fx.Node] | None = No
     """Recompute ``meta['val']`` where it may be stale: nodes without one, and every node
     downstream of a value whose metadata changed (``changed``: the weights sliced). Results
     are cached by op and input metadata, so a model's repeated layers cost one layer."""
-    prop = MetaPropagator()
-    prop.fake_mode = mode
+    prop = MetaPropagator(mode)
     changed = set(changed or ())
     for node in gm.graph.nodes:
         if node.op != "call_function":

@@ -186,9 +186,9 @@ def _key(value: Any, fakes: list[bool]) -> Any:
 def _spec(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         fake, sizes, strides, offset, dtype, device, grad = _tensor_key(value)
-        if offset or not fake or value.constant is not None:
-            raise _Uncacheable
-        return ("T", sizes, strides, dtype, device, grad)
+        if offset or not fake or grad or value.constant is not None:
+            raise _Uncacheable  # one built from sizes alone would be a leaf (see FakeResults)
+        return ("T", sizes, strides, dtype, device)
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(_spec(v) for v in value))
     if isinstance(value, _SYM) or not isinstance(value, _SCALARS):
@@ -196,32 +196,47 @@ def _spec(value: Any) -> Any:
     return ("V", value)
 
 
-def _build(spec: Any, mode: Any) -> Any:
+def _build(spec: Any, mode: Any, prefer: Any = None) -> Any:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # plain meta tensors, not a dispatch through the mode
-        return _make(spec, mode)
+        return _make(spec, mode, prefer)
 
 
-def _make(spec: Any, mode: Any) -> Any:
+def _fits(prefer: Any, spec: Any, mode: Any) -> bool:
+    """Whether ``prefer`` is a fake tensor of ``mode`` with exactly the metadata ``spec``
+    remembers."""
+    if not _is_fake(prefer) or prefer.fake_mode is not mode:
+        return False
+    try:
+        return _spec(prefer) == spec
+    except (_Uncacheable, TypeError):
+        return False
+
+
+def _make(spec: Any, mode: Any, prefer: Any = None) -> Any:
     from torch._subclasses.fake_tensor import FakeTensor
 
     kind = spec[0]
     if kind == "T":
-        _, sizes, strides, dtype, device, grad = spec
+        if prefer is not None and _fits(prefer, spec, mode):
+            return prefer
+        _, sizes, strides, dtype, device = spec
         meta = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
-        out = FakeTensor(mode, meta, device)
-        return out.requires_grad_() if grad else out
+        return FakeTensor(mode, meta, device)
     if kind == "V":
         return spec[1]
-    return kind(_make(s, mode) for s in spec[1])
+    parts = spec[1]
+    prefer = tuple(prefer) if isinstance(prefer, (tuple, list)) else ()
+    prefer = prefer + (None,) * (len(parts) - len(prefer))
+    return kind(_make(s, mode, p) for s, p in zip(parts, prefer))
 
 
 def _layout(spec: Any) -> Any:
     """The remembered result as meta tensors: sizes, strides and dtype, nothing else."""
     kind = spec[0]
     if kind == "T":
-        _, sizes, strides, dtype, _device, _grad = spec
+        _, sizes, strides, dtype, _device = spec
         return torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
     if kind == "V":
         return spec[1]
@@ -236,10 +251,12 @@ class FakeResults:
     >>> if out is None: out = cache.put(op, args, kwargs, op(*args, **kwargs))  # doctest: +SKIP
 
     A hit is a *fresh* fake tensor (its own storage) with the remembered sizes, strides,
-    dtype, device and ``requires_grad``; or, for a caller that reads only the layout
-    (``layout_only``), the same meta tensors on every hit, built once. Never cached: ops that alias an input; calls with a
-    constant-folded input, with symbolic sizes, or without a fake (non-constant) tensor
-    input (fake tensor mode may fold those into constants).
+    dtype and device (or a tensor the caller prefers that has them); or, for a caller that
+    reads only the layout (``layout_only``), the same meta tensors on every hit, built once.
+    Never cached: ops that alias an input; calls with a constant-folded input, with symbolic
+    sizes, or without a fake (non-constant) tensor input (fake tensor mode may fold those
+    into constants); results that require grad (a tensor built from metadata would be an
+    autograd leaf, which in-place ops refuse where the computed result takes them).
     """
 
     def __init__(self, limit: int = 4096) -> None:
@@ -257,9 +274,20 @@ class FakeResults:
             raise _Uncacheable
         return key
 
-    def get(self, op: Any, args: Any, kwargs: Any, mode: Any, *, layout_only: bool = False) -> Any:
+    def get(
+        self,
+        op: Any,
+        args: Any,
+        kwargs: Any,
+        mode: Any,
+        *,
+        layout_only: bool = False,
+        prefer: Any = None,
+    ) -> Any:
         """A fresh result for ``op(*args, **kwargs)`` if one was remembered, else None;
-        with ``layout_only``, its sizes, strides and dtype as meta tensors (no mode needed)."""
+        with ``layout_only``, its sizes, strides and dtype as meta tensors (no mode needed).
+        ``prefer``: fake tensors (a tensor, or a tuple like the result) to return in place
+        of fresh ones wherever they have exactly the remembered metadata."""
         try:
             key = self._key(op, args, kwargs)
         except (_Uncacheable, TypeError):
@@ -276,7 +304,7 @@ class FakeResults:
         if mode is None:
             return None
         self.hits += 1
-        return _build(hit[1], mode)
+        return _build(hit[1], mode, prefer)
 
     def put(self, op: Any, args: Any, kwargs: Any, result: Any) -> Any:
         """Remember ``result`` (what ``op`` computed on ``args``) where it can; returns it."""
@@ -383,8 +411,10 @@ class FakeEvaluator:
         """An evaluator in the fake mode of ``graph``'s example values (a fresh permissive
         mode when they have none)."""
         graph = graph.graph if isinstance(graph, fx.GraphModule) else graph
-        vals = [node_val(n) for n in graph.nodes if n.op in ("placeholder", "get_attr")]
-        mode = _fake_mode_of(vals) or _fake_mode_of([node_val(n) for n in graph.nodes])
+        inputs = [*graph.find_nodes(op="placeholder"), *graph.find_nodes(op="get_attr")]
+        mode = _fake_mode_of([node_val(n) for n in inputs]) or _fake_mode_of(
+            [node_val(n) for n in graph.nodes]
+        )
         return cls(mode or FakeTensorMode(allow_non_fake_inputs=True), **kw)
 
     def fake(self, value: Any) -> Any:
@@ -409,6 +439,7 @@ class FakeEvaluator:
         like: Any = None,
         call: Callable[[Any, Any, Any], Any] | None = None,
         layout_only: bool = False,
+        prefer: Any = None,
     ) -> Any:
         """``target(*args, **kwargs)`` on fake values (``kind`` ``call_method``: a method of
         ``args[0]``). ``node`` names the node it is for, in notes; ``like`` helps find the
@@ -416,7 +447,10 @@ class FakeEvaluator:
         it instead (inside a mode the caller manages) — the cache and strictness still
         apply. ``layout_only``: the caller reads only sizes, strides and dtype, so a result
         remembered from an earlier call may come back as meta tensors, without a fake mode
-        or a fresh tensor (a fusion deciding on layouts at every site of one shape)."""
+        or a fresh tensor (a fusion deciding on layouts at every site of one shape).
+        ``prefer``: where a remembered result is used, these fake tensors (a tensor, or a
+        tuple shaped like the result) stand in for fresh ones wherever they have exactly the
+        remembered metadata — a rewrite's new node keeps the value of the node it replaces."""
         kwargs = {} if kwargs is None else kwargs
         cache = self.cache if kind == "call_function" else None
         if layout_only and cache is not None:
@@ -426,7 +460,7 @@ class FakeEvaluator:
         try:
             mode = self._mode_for(args, kwargs, like) if call is None else self.mode
             if cache is not None:
-                hit = cache.get(target, args, kwargs, mode)
+                hit = cache.get(target, args, kwargs, mode, prefer=prefer)
                 if hit is not None:
                     return hit
             if call is not None:
@@ -451,6 +485,7 @@ class FakeEvaluator:
         node: fx.Node | None = None,
         like: Any = None,
         value: Callable[[fx.Node], Any] = node_val,
+        prefer: Any = None,
     ) -> Any:
         """Like :meth:`run` on arguments holding nodes: each node stands for its example
         value (``value(node)``; None when it has none, which cannot say)."""
@@ -467,7 +502,7 @@ class FakeEvaluator:
             names = ", ".join(f"'{n.name}'" for n in missing)
             problem = ValueError(f"no example value (meta['val']) for the input(s) {names}")
             return self._failed(problem, target, node, cannot_say=True)
-        return self.run(target, fargs, fkwargs, kind=kind, node=node, like=like)
+        return self.run(target, fargs, fkwargs, kind=kind, node=node, like=like, prefer=prefer)
 
     def rerun(self, node: fx.Node, value: Callable[[fx.Node], Any] = node_val) -> Any:
         """What ``node``'s op gives on its inputs' example values now."""

@@ -49,7 +49,7 @@ from ...fxutil.fx_internals import (
     make_lazy_module,
     nodes_after,
 )
-from ...fxutil.values import FAKE_RESULTS
+from ...fxutil.values import FAKE_RESULTS, FakeEvaluator, Strictness
 from ...interpret import InterpreterPass
 from ._values import (
     ProxyValue,
@@ -84,7 +84,6 @@ ExportedProgramPassBase = _et.ExportedProgramPassBase
 ExportedProgramPassResult = _et.ExportedProgramPassResult
 map_args = _et.map_args
 
-_RESULTS = FAKE_RESULTS  # fake results by op and input metadata, shared in the process
 _NAMES: dict[Any, str] = {}  # target -> the node name ExecuTorch's tracer derives from it
 
 
@@ -483,16 +482,19 @@ class ExportPass(InterpreterPass):
         return result
 
     def _run(self, kind: str, target: Any, args: Any, kwargs: Any) -> Any:
-        """Run ``target`` on fake values as ExecuTorch does, or take the result of an earlier
-        run on inputs with the same metadata."""
-        if kind != "call_function":
-            return getattr(self.interpreter, kind)(target, args, kwargs)
-        hit = _RESULTS.get(target, args, kwargs, self.fake_tensor_mode)
-        if hit is not None:
-            return hit
-        return _RESULTS.put(
-            target, args, kwargs, self.interpreter.call_function(target, args, kwargs)
-        )
+        """Run ``target`` on fake values as ExecuTorch does (its interpreter, in the pass's
+        mode), through fxpass's one fake-value evaluator: strict, as ExecuTorch is (a
+        kernel's error propagates, with a note naming the op), and an op call takes the
+        result of an earlier run on inputs with the same metadata."""
+        evaluator = self.__dict__.get("_evaluator")
+        if evaluator is None or evaluator.mode is not self.fake_tensor_mode:
+            evaluator = self._evaluator = FakeEvaluator(
+                self.fake_tensor_mode,
+                strictness=Strictness.RAISE,
+                cache=FAKE_RESULTS,
+                owner=type(self).__name__,
+            )
+        return evaluator.run(target, args, kwargs, kind=kind, call=getattr(self.interpreter, kind))
 
     def _create(self, kind: str, target: Any, args, kwargs, meta: NodeMetadata, value: Any):
         """The node ExecuTorch's tracer creates for ``target(*args, **kwargs)``. Arguments of

@@ -43,7 +43,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ...fxutil.values import FAKE_RESULTS
+from ...fxutil.values import FakeEvaluator, Strictness
 
 __all__ = ["arg_validator", "dtype_check", "graph_shape"]
 
@@ -166,15 +166,13 @@ def _fake_mode(values: Any) -> Any:
 
 
 class _CachedResults(fx.Interpreter):
-    """Runs an op on fake values, or takes its result from :data:`FAKE_RESULTS`."""
+    """Runs an op on fake values through fxpass's fake-value evaluator (strict, as the
+    validator is), which takes its result from :data:`FAKE_RESULTS` where it can."""
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         mode = _fake_mode(args) or _fake_mode(kwargs.values())
-        hit = FAKE_RESULTS.get(target, args, kwargs, mode) if mode is not None else None
-        if hit is not None:
-            return hit
-        result = super().call_function(target, args, kwargs)
-        return FAKE_RESULTS.put(target, args, kwargs, result) if mode is not None else result
+        evaluator = FakeEvaluator(mode, strictness=Strictness.RAISE, owner="Edge verifier")
+        return evaluator.run(target, args, kwargs, call=super().call_function)
 
 
 def arg_validator(validator: type[fx.Interpreter]) -> type[fx.Interpreter]:
