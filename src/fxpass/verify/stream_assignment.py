@@ -59,7 +59,9 @@ def stream_args(node: fx.Node) -> tuple[int, ...] | None:
 
 
 class StreamAssignment(Mapping[fx.Node, int]):
-    """Each node of ``graph`` -> the stream it is issued on (see the module docs)."""
+    """Each node of ``graph`` -> the stream it is issued on (see the module docs). The
+    derived lists (:attr:`streams`, :attr:`kernels`, ...) are computed once and shared:
+    read them, do not change them."""
 
     def __init__(self, graph: fx.Graph) -> None:
         self.graph = graph
