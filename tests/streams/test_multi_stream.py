@@ -19,6 +19,7 @@ from fxpass.models.llama import build_decoder
 from fxpass.ops.stream import is_stream_op, stream_trace
 from fxpass.streams.regions import module_path
 from fxpass.verify import check_streams
+from fxpass.verify.stream_assignment import stream_assignment
 from fxpass.verify.streams import is_kernel
 
 import _models
@@ -178,3 +179,28 @@ def test_command_line(tmp_path):
     assert {"record_event", "wait_event"} <= ops
     for d in new:
         assert d["provenance"]["pass"] == "multi_stream" and d["from_node"], d
+
+
+def test_it_preserves_the_stream_assignment_its_own_check_asked_for(monkeypatch):
+    """Asked before the pass (everything on stream 0), the analysis is dropped by the first
+    set_stream, computed once for the pass's two checks, and that value is served after the
+    pass: to the schedule's invariant and to the next pass."""
+    computed, seen = [], []
+    compute = stream_assignment.compute
+    monkeypatch.setattr(
+        stream_assignment, "compute", lambda g: computed.append(compute(g)) or computed[-1]
+    )
+
+    def ask(gm):
+        seen.append(stream_assignment(gm))
+        return False
+
+    gm, _ = original("moe")
+    result = fp.Pipeline([ask, "multi_stream", ask], verify_analyses=True).run(gm)
+    assert result.report.analysis_counts() == {
+        "ask": {"stream_assignment": [1, 1]},
+        "multi_stream": {"stream_assignment": [1, 1]},
+    }
+    assert seen[0].streams == [0] and seen[1].streams == [0, 1]
+    assert seen[1] is computed[1]  # the pass's own (computed[2]: verification's, equal)
+    assert computed[2] == seen[1] and computed[2] is not seen[1]

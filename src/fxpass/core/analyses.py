@@ -3,7 +3,7 @@
 Each is an :class:`~fxpass.core.analysis_manager.Analysis`: call it on a module or graph
 inside a pass (``positions(gm)``) and the run's manager computes it once and serves it until
 the graph changes (see :mod:`fxpass.core.analysis_manager`). Other packages register their
-own the same way (the stream assignment of :mod:`fxpass.streams`, for one).
+own the same way (the stream assignment of :mod:`fxpass.verify.stream_assignment`, for one).
 
 Some changes made through the editor leave most of an analysis right, and it takes them in
 instead of being computed again (its ``update``): an erased node leaves ``positions``,

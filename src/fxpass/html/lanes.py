@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..ops.stream import stream_op
-from ..verify.streams import check_streams, is_kernel, stream_args
+from ..verify.stream_assignment import stream_assignment
+from ..verify.streams import check_streams
 
 __all__ = ["Lanes", "render_lanes", "stream_lanes"]
 
@@ -43,43 +43,40 @@ class Lanes:
 
 def stream_lanes(gm: fx.GraphModule) -> Lanes | None:
     """The lanes of ``gm``, or None when it has no stream ops."""
-    nodes = list(gm.graph.nodes)
-    if not any(stream_op(n) is not None for n in nodes):
+    on = stream_assignment(gm)
+    if not on.stream_ops:
         return None
     lanes = Lanes()
-    cur, step, seen = 0, 0, {0}
+    step = 0
     run: list[Any] | None = None
     last_record: dict[int, tuple[int, int]] = {}
-    for node in nodes:
-        op = stream_op(node)
-        ints = stream_args(node) if op is not None else None
+    for node in gm.graph.nodes:
+        op = on.op(node)
+        ints = on.numbers(node)
         if op is not None and ints is None:
             continue
         if op is _FX.set_stream.default:
-            cur, run = ints[0], None
-            seen.add(cur)
+            run = None
         elif op is _FX.record_event.default:
             event, stream = ints
             lanes.records.append((step, stream, event, node.name))
             last_record[event] = (step, stream)
-            seen.add(stream)
             step, run = step + 1, None
         elif op is _FX.wait_event.default:
             event, stream = ints
             lanes.waits.append((step, stream, event, node.name))
             if event in last_record:
                 lanes.arrows.append((event, *last_record[event], step, stream))
-            seen.add(stream)
             step, run = step + 1, None
-        elif op is None and is_kernel(node):
-            if run is None or run[0] != cur:
-                run = [cur, step, step, []]
+        elif on.is_kernel(node):
+            if run is None or run[0] != on[node]:
+                run = [on[node], step, step, []]
                 lanes.runs.append(run)
             run[2] = step
             run[3].append(node.name)
             step += 1
     lanes.runs = [tuple(r) for r in lanes.runs]
-    lanes.streams = sorted(seen)
+    lanes.streams = list(on.streams)
     lanes.steps = step
     lanes.problems = [str(v) for v in check_streams(gm)]
     return lanes

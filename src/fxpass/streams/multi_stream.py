@@ -21,18 +21,21 @@ The pass plans with :func:`~fxpass.streams.plan_streams` (independent regions, t
 model, the ``streams`` knob), rewrites with :func:`~fxpass.streams.apply_plan`, and installs
 :func:`~fxpass.verify.require_safe_streams` as an invariant of the run: it is checked after
 this pass and after every later pass of the same pipeline, so a later pass that breaks the
-schedule fails (and the pipeline rolls back) instead of racing on the GPU.
+schedule fails (and the pipeline rolls back) instead of racing on the GPU. It preserves the
+``stream_assignment`` analysis (:mod:`fxpass.verify.stream_assignment`): its own last check
+asked for it on the finished graph, so the invariant and later passes are served that one.
 """
 
 from __future__ import annotations
 
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import current_context, stat
 from ..core.pass_registry import register
 from ..edit.editor import Editor
 from ..edit.memory import Memory
 from ..ops.stream import is_stream_op
+from ..verify.stream_assignment import stream_assignment
 from ..verify.streams import require_safe_streams
 from .assignment import plan_streams
 from .cost import CostModel
@@ -99,6 +102,9 @@ def multi_stream(
     stat("waits", stats.waits)
     stat("record_streams", stats.record_streams)
     stat("gain_us", round(plan.gain_us, 1))
+    ctx = current_context()
+    if ctx is not None:  # apply_plan's last check asked for it on the finished graph
+        ctx.analyses.preserve(stream_assignment)
     return True
 
 

@@ -34,7 +34,9 @@ freed after the last node that uses any view of it (the way ``GraphModule`` code
 references). Where a node's effect cannot be known (no value, symbolic strides) it is
 taken as a kernel whose result may also share its input's memory. Inputs, parameters and
 buffers belong to the caller (written on the main stream before the graph starts) and are
-never freed by the graph. The ordering itself is :mod:`fxpass.verify.happens_before`.
+never freed by the graph. The ordering itself is :mod:`fxpass.verify.happens_before`; which
+stream each node runs on, and each stream op's numbers, the ``stream_assignment`` analysis
+(:mod:`fxpass.verify.stream_assignment`, from the run's cache inside a pipeline).
 
 >>> violations = check_streams(gm)                                 # doctest: +SKIP
 >>> print("\\n".join(map(str, violations)) or "safe")              # doctest: +SKIP
@@ -50,8 +52,9 @@ from torch import fx
 
 from ..edit.alias import is_kernel
 from ..edit.memory import Memory
-from ..ops.stream import is_stream_op, stream_op
+from ..ops.stream import is_stream_op
 from .happens_before import GRAPH_START, StreamClocks
+from .stream_assignment import StreamAssignment, stream_args, stream_assignment
 
 __all__ = [
     "StreamScheduleError",
@@ -87,28 +90,6 @@ class StreamScheduleError(AssertionError):
     """A graph's multi-stream schedule is unsafe; the message lists each violation."""
 
 
-_ARITY = {
-    _FX.set_stream.default: 1,
-    _FX.record_event.default: 2,
-    _FX.wait_event.default: 2,
-    _FX.record_stream.default: 1,
-}
-
-
-def stream_args(node: fx.Node) -> tuple[int, ...] | None:
-    """The constant numbers a stream op takes (after ``record_stream``'s tensor), or None
-    when they are not constant numbers."""
-    op = stream_op(node)
-    if op is None:
-        return None
-    args = node.args[1:] if op is _FX.record_stream.default else node.args
-    if len(args) != _ARITY[op] or node.kwargs:
-        return None
-    if all(isinstance(a, int) and not isinstance(a, bool) for a in args):
-        return tuple(args)
-    return None
-
-
 def uses_streams(gm: fx.GraphModule | fx.Graph) -> bool:
     """Whether the graph has stream ops or nodes marked with ``meta["stream"]``."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
@@ -125,8 +106,9 @@ class _Access:
 
 
 class _Replay:
-    def __init__(self, graph: fx.Graph, memory: Memory) -> None:
+    def __init__(self, graph: fx.Graph, memory: Memory, streams: StreamAssignment) -> None:
         self.mem = memory
+        self.on = streams
         self.free_after = memory.free_points()
         self.clocks = StreamClocks()
         self.last_tick: dict[int, tuple[int, fx.Node]] = {}
@@ -148,7 +130,7 @@ class _Replay:
     def step(self, node: fx.Node) -> None:
         if node.op == "placeholder" or node.op == "get_attr":
             self.writes[node] = {0: _Access(0, GRAPH_START, node)}
-        elif is_stream_op(node):
+        elif self.on.op(node) is not None:
             self.stream_op(node)
         elif node.op == "output":
             self.output(node)
@@ -158,7 +140,7 @@ class _Replay:
             self.free(root, node)
 
     def _ints(self, node: fx.Node) -> tuple[int, ...] | None:
-        ints = stream_args(node)
+        ints = self.on.numbers(node)
         if ints is None:
             self.violation(
                 "bad_stream_op",
@@ -171,10 +153,8 @@ class _Replay:
         ints = self._ints(node)
         if ints is None:
             return
-        op = stream_op(node)
-        if op is _FX.set_stream.default:
-            self.clocks.current = ints[0]
-        elif op is _FX.record_event.default:
+        op = self.on.op(node)
+        if op is _FX.record_event.default:
             self.clocks.record(*ints)
             self.records[ints[0]] = node
         elif op is _FX.wait_event.default:
@@ -190,8 +170,8 @@ class _Replay:
             later = next(
                 (
                     n
-                    for n in node.graph.nodes
-                    if stream_op(n) is _FX.record_event.default and n.args[:1] == (event,)
+                    for n in self.on.stream_ops
+                    if self.on.op(n) is _FX.record_event.default and n.args[:1] == (event,)
                 ),
                 None,
             )
@@ -208,7 +188,7 @@ class _Replay:
             self.last_wait[(stream, other)] = (node, self.records[event])
 
     def kernel(self, node: fx.Node) -> None:
-        s = self.clocks.current
+        s = self.on[node]
         marked = node.meta.get("stream")
         if isinstance(marked, int) and marked != s:
             self.violation(
@@ -274,10 +254,10 @@ class _Replay:
         )
 
     def output(self, node: fx.Node) -> None:
-        if self.clocks.current != 0:
+        if self.on[node] != 0:
             self.violation(
                 "ends_on_side_stream",
-                f"the graph ends with stream {self.clocks.current} current: add set_stream(0) before "
+                f"the graph ends with stream {self.on[node]} current: add set_stream(0) before "
                 f"{node.name} so the caller continues on the main stream",
                 node,
             )
@@ -335,7 +315,8 @@ def check_streams(
     already has them (a pass that checks its own schedule).
     """
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
-    replay = _Replay(graph, memory if memory is not None else Memory(graph))
+    memory = memory if memory is not None else Memory(graph)
+    replay = _Replay(graph, memory, stream_assignment(graph))
     for node in graph.nodes:
         replay.step(node)
     return replay.out
