@@ -140,6 +140,9 @@ def test_a_result_that_requires_grad_is_computed_each_time_never_a_built_leaf():
         assert out.requires_grad and out.grad_fn is not None
         assert evaluator.run(aten.add_.Tensor, (out, x[:, :1])) is out
     assert cache.hits == 0
+    layout = evaluator.run(aten.mm.default, (x, w), layout_only=True)  # its layout is known
+    assert cache.hits == 1 and layout.device.type == "meta" and layout.shape == out.shape
+    cache.hits = 0
     with torch.no_grad():  # without autograd the same call is remembered
         first = evaluator.run(aten.mm.default, (x, w))
         second = evaluator.run(aten.mm.default, (x, w))

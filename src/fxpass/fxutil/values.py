@@ -34,8 +34,10 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensor,
     FakeTensorMode,
     UnsupportedOperatorException,
+    unset_fake_temporarily,
 )
 from torch.utils import _pytree as pytree
 
@@ -154,19 +156,32 @@ class _Uncacheable(Exception):
     pass
 
 
-def _tensor_key(t: torch.Tensor) -> tuple:
-    from torch._subclasses.fake_tensor import FakeTensor
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_QUANTIZED = frozenset(
+    d
+    for d in (
+        getattr(torch, n, None) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+    )
+    if d
+)
 
-    fake = type(t) is FakeTensor
-    if (fake and t.constant is not None) or t.layout != torch.strided or t.is_quantized:
-        raise _Uncacheable  # a constant's data may matter
-    if not fake and type(t) not in (torch.Tensor, torch.nn.Parameter):
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    kind = type(t)
+    if kind is FakeTensor:
+        if t.constant is not None:
+            raise _Uncacheable  # a constant's data may matter
+        fake, device = True, t.fake_device
+    elif kind in _PLAIN:
+        fake, device = False, t.device
+    else:
         raise _Uncacheable
-    sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
-    if not all(type(s) is int for s in (*sizes, *strides, offset)):
+    if t._has_symbolic_sizes_strides or t.layout is not torch.strided:
         raise _Uncacheable  # symbolic sizes: a guard-free key is not worth it
-    device = t.fake_device if fake else t.device
-    return (fake, sizes, strides, offset, t.dtype, device, t.requires_grad)
+    dtype = t.dtype
+    if dtype in _QUANTIZED:
+        raise _Uncacheable
+    return (fake, tuple(t.shape), t.stride(), t.storage_offset(), dtype, device, t.requires_grad)
 
 
 def _key(value: Any, fakes: list[bool]) -> Any:
@@ -175,61 +190,60 @@ def _key(value: Any, fakes: list[bool]) -> Any:
         fakes.append(key[0])
         return key
     if isinstance(value, (tuple, list)):
-        return (type(value), tuple(_key(v, fakes) for v in value))
+        return (type(value), tuple([_key(v, fakes) for v in value]))
     if isinstance(value, dict):
-        return (dict, tuple((k, _key(v, fakes)) for k, v in value.items()))
+        return (dict, tuple([(k, _key(v, fakes)) for k, v in value.items()]))
     if isinstance(value, _SYM) or not isinstance(value, _SCALARS):
         raise _Uncacheable
     return (type(value), value)
 
 
-def _spec(value: Any) -> Any:
+def _spec(value: Any, grads: list[bool]) -> Any:
+    """The metadata a result is rebuilt from; whether each tensor requires grad goes to
+    ``grads`` (a tensor built from metadata cannot stand for one that does)."""
     if isinstance(value, torch.Tensor):
         fake, sizes, strides, offset, dtype, device, grad = _tensor_key(value)
-        if offset or not fake or grad or value.constant is not None:
-            raise _Uncacheable  # one built from sizes alone would be a leaf (see FakeResults)
+        if offset or not fake or value.constant is not None:
+            raise _Uncacheable
+        grads.append(grad)
         return ("T", sizes, strides, dtype, device)
     if isinstance(value, (tuple, list)):
-        return (type(value), tuple(_spec(v) for v in value))
+        return (type(value), tuple(_spec(v, grads) for v in value))
     if isinstance(value, _SYM) or not isinstance(value, _SCALARS):
         raise _Uncacheable
     return ("V", value)
 
 
-def _build(spec: Any, mode: Any, prefer: Any = None) -> Any:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():  # plain meta tensors, not a dispatch through the mode
-        return _make(spec, mode, prefer)
-
-
 def _fits(prefer: Any, spec: Any, mode: Any) -> bool:
     """Whether ``prefer`` is a fake tensor of ``mode`` with exactly the metadata ``spec``
-    remembers."""
-    if not _is_fake(prefer) or prefer.fake_mode is not mode:
+    remembers (and no autograd history)."""
+    if type(prefer) is not FakeTensor or prefer.fake_mode is not mode:
         return False
     try:
-        return _spec(prefer) == spec
-    except (_Uncacheable, TypeError):
+        key = _tensor_key(prefer)
+    except _Uncacheable:
         return False
+    _, sizes, strides, offset, dtype, device, grad = key
+    return not (offset or grad) and (sizes, strides, dtype, device) == spec[1:]
 
 
-def _make(spec: Any, mode: Any, prefer: Any = None) -> Any:
-    from torch._subclasses.fake_tensor import FakeTensor
-
+def _build(spec: Any, mode: Any, prefer: Any = None) -> Any:
+    """A result with the metadata ``spec``: ``prefer``'s tensors where they fit, else fresh
+    fake tensors of ``mode`` (over plain meta tensors, made outside the mode)."""
     kind = spec[0]
     if kind == "T":
         if prefer is not None and _fits(prefer, spec, mode):
             return prefer
         _, sizes, strides, dtype, device = spec
-        meta = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
-        return FakeTensor(mode, meta, device)
+        with unset_fake_temporarily():
+            meta = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
+            return FakeTensor(mode, meta, device)
     if kind == "V":
         return spec[1]
     parts = spec[1]
     prefer = tuple(prefer) if isinstance(prefer, (tuple, list)) else ()
     prefer = prefer + (None,) * (len(parts) - len(prefer))
-    return kind(_make(s, mode, p) for s, p in zip(parts, prefer))
+    return kind(_build(s, mode, p) for s, p in zip(parts, prefer))
 
 
 def _layout(spec: Any) -> Any:
@@ -255,12 +269,13 @@ class FakeResults:
     reads only the layout (``layout_only``), the same meta tensors on every hit, built once.
     Never cached: ops that alias an input; calls with a constant-folded input, with symbolic
     sizes, or without a fake (non-constant) tensor input (fake tensor mode may fold those
-    into constants); results that require grad (a tensor built from metadata would be an
-    autograd leaf, which in-place ops refuse where the computed result takes them).
+    into constants). A result that requires grad is remembered for its layout alone: a
+    tensor built from metadata would be an autograd leaf, which in-place ops refuse where
+    the computed result takes them.
     """
 
     def __init__(self, limit: int = 4096) -> None:
-        self._specs: dict[Any, tuple[Any, Any]] = {}
+        self._specs: dict[Any, tuple[Any, Any, bool]] = {}  # key -> (op, spec, whole)
         self._layouts: dict[Any, Any] = {}
         self.limit = limit
         self.hits = 0
@@ -293,8 +308,8 @@ class FakeResults:
         except (_Uncacheable, TypeError):
             return None
         hit = self._specs.get(key)
-        if hit is None or hit[0] is not op:
-            return None
+        if hit is None or hit[0] is not op or not (layout_only or hit[2]):
+            return None  # a result that requires grad is remembered for its layout alone
         if layout_only:
             layout = self._layouts.get(key)
             if layout is None:
@@ -309,13 +324,14 @@ class FakeResults:
     def put(self, op: Any, args: Any, kwargs: Any, result: Any) -> Any:
         """Remember ``result`` (what ``op`` computed on ``args``) where it can; returns it."""
         try:
-            key, spec = self._key(op, args, kwargs), _spec(result)
+            grads: list[bool] = []
+            key, spec = self._key(op, args, kwargs), _spec(result, grads)
         except (_Uncacheable, TypeError):
             return result
         if len(self._specs) >= self.limit:
             self._specs.clear()
             self._layouts.clear()
-        self._specs[key] = (op, spec)  # the op keeps its id valid
+        self._specs[key] = (op, spec, not any(grads))  # the op keeps its id valid
         return result
 
 
