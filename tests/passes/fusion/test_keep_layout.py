@@ -147,3 +147,22 @@ def test_the_same_layout_is_replaced_as_is_and_a_non_dense_one_declined():
     gm, _ = _graph_with((64, 1, 8))  # gaps between rows: not dense, no copy can make it
     before = str(gm.graph)
     assert not _RULES(gm).modified and str(gm.graph) == before
+
+
+def test_the_layout_check_runs_the_fused_kernel_once_per_input_layout_not_per_site():
+    """Weights require grad, so the fused op's fake result on them does too; its layout is
+    still remembered, and every site of the same shapes is answered without a dispatch."""
+    from fxpass.fxutil.values import FAKE_RESULTS
+
+    from _models import exported_gm
+
+    gm = exported_gm(remove_asserts=True)
+    weight = next(n for n in gm.graph.find_nodes(op="placeholder") if n.meta["val"].requires_grad)
+    assert weight.meta["val"].requires_grad
+    fp.apply(gm, "fuse_add_rmsnorm")  # every input layout seen once
+    gm = exported_gm(remove_asserts=True)
+    hits = FAKE_RESULTS.hits
+    result = fp.apply(gm, "fuse_add_rmsnorm")
+    sites = count(result.graph_module, F.fused_add_rmsnorm.default)
+    assert sites >= 2
+    assert FAKE_RESULTS.hits - hits >= 2 * sites  # the layout check and the new value, each site
