@@ -184,11 +184,17 @@ def _tensor_key(t: torch.Tensor) -> tuple:
     return (fake, tuple(t.shape), t.stride(), t.storage_offset(), dtype, device, t.requires_grad)
 
 
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
 def _key(value: Any, fakes: list[bool]) -> Any:
-    if isinstance(value, torch.Tensor):
+    cls = type(value)
+    if cls is FakeTensor or isinstance(value, torch.Tensor):
         key = _tensor_key(value)
         fakes.append(key[0])
         return key
+    if cls in _SCALAR_TYPES:  # the common case first: 1, 1.0 and True stay apart by type
+        return (cls, value)
     if isinstance(value, (tuple, list)):
         return (type(value), tuple([_key(v, fakes) for v in value]))
     if isinstance(value, dict):
@@ -284,7 +290,12 @@ class FakeResults:
         if returns_alias(op):
             raise _Uncacheable
         fakes: list[bool] = []
-        key = (id(op), torch.is_grad_enabled(), _key(tuple(args), fakes), _key(kwargs, fakes))
+        key = (
+            id(op),
+            torch.is_grad_enabled(),
+            tuple([_key(a, fakes) for a in args]),
+            _key(kwargs, fakes) if kwargs else (),
+        )
         if not any(fakes):
             raise _Uncacheable
         return key
