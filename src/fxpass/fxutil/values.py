@@ -157,13 +157,7 @@ class _Uncacheable(Exception):
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_QUANTIZED = frozenset(
-    d
-    for d in (
-        getattr(torch, n, None) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
-    )
-    if d
-)
+_QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:

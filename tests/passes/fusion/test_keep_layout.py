@@ -157,8 +157,7 @@ def test_the_layout_check_runs_the_fused_kernel_once_per_input_layout_not_per_si
     from _models import exported_gm
 
     gm = exported_gm(remove_asserts=True)
-    weight = next(n for n in gm.graph.find_nodes(op="placeholder") if n.meta["val"].requires_grad)
-    assert weight.meta["val"].requires_grad
+    assert any(n.meta["val"].requires_grad for n in gm.graph.find_nodes(op="placeholder"))
     fp.apply(gm, "fuse_add_rmsnorm")  # every input layout seen once
     gm = exported_gm(remove_asserts=True)
     hits = FAKE_RESULTS.hits
