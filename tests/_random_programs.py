@@ -8,7 +8,9 @@ The API (``tests/compat/test_subgraph_differential.py`` and ``tools/fuzz.py`` us
 * :func:`random_program(ch, n_inputs=, n_steps=) <random_program>` -> ``GraphModule``: a
   program over float tensors of shape ``SHAPE`` built from :data:`OPS` (``add``, ``mul``,
   ``sub`` with a node or a literal scalar, ``relu``, ``neg``, ``cat``, ``select``, ``getitem``
-  of a ``chunk``), with repeated inputs (``x + x``) and fan-out; dead code removed. Node
+  of a ``chunk`` or of a tensor), in several spellings (methods, ``alpha=``, ``dim=`` by
+  position or keyword, lists or tuples), with repeated inputs (``x + x``) and fan-out; dead
+  code removed. Node
   names say the op (``add_1``, ``select``), so node-name filters have something to read.
 * :func:`program_inputs(gm, seed) <program_inputs>` -> tuple of tensors for its placeholders.
 * :func:`cut_pattern(ch, gm) <cut_pattern>` -> ``GraphModule`` or None: a connected piece
@@ -118,21 +120,37 @@ def _step(ch: Chooser, g: fx.Graph, vals: list) -> None:
         else:
             b = _pick(ch, vals, shape)[0]
         args = (a, b) if ch.coin(0.8) or not isinstance(b, fx.Node) else (b, a)
-        vals.append((g.call_function(fn, args), shape))
+        kwargs = {"alpha": 2} if op != "mul" and ch.coin(0.1) else {}
+        vals.append((g.call_function(fn, args, kwargs), shape))
     elif op in ("relu", "neg"):
-        vals.append((g.call_function(UNARY[("relu", "neg").index(op)], (a,)), shape))
+        if ch.coin(0.2):  # the method spelling: x.relu()
+            vals.append((g.call_method(op, (a,)), shape))
+        else:
+            vals.append((g.call_function(UNARY[("relu", "neg").index(op)], (a,)), shape))
     elif op == "cat":
         parts = [a, _pick(ch, vals, shape)[0]]
         if ch.coin(0.3):
             parts.append(_pick(ch, vals, shape)[0])
         new = (shape[0] * len(parts), *shape[1:])
-        vals.append((g.call_function(torch.cat, (parts,)), new))
+        spelled = ch.integer(0, 3)  # cat([a, b]), cat((a, b)), cat([a, b], 0), dim=0
+        seq: Any = tuple(parts) if spelled == 1 else parts
+        args, kwargs = (
+            ((seq, 0), {}) if spelled == 2 else ((seq,), {"dim": 0} if spelled == 3 else {})
+        )
+        vals.append((g.call_function(torch.cat, args, kwargs), new))
     elif op == "select":
         if len(shape) < 2:
             vals.append((g.call_function(torch.neg, (a,)), shape))
             return
         i = ch.integer(0, shape[0] - 1)
-        vals.append((g.call_function(torch.select, (a, 0, i)), shape[1:]))
+        spelled = ch.integer(0, 2)  # torch.select(a, 0, i), a.select(0, i), a[i]
+        if spelled == 0:
+            node = g.call_function(torch.select, (a, 0, i))
+        elif spelled == 1:
+            node = g.call_method("select", (a, 0, i))
+        else:
+            node = g.call_function(operator.getitem, (a, i))
+        vals.append((node, shape[1:]))
     else:  # getitem of a chunk: a tuple-valued node and its readers
         if shape[0] % 2:
             vals.append((g.call_function(torch.relu, (a,)), shape))
@@ -151,7 +169,7 @@ def program_inputs(gm: fx.GraphModule, seed: int = 0) -> tuple[torch.Tensor, ...
 
 # ----- patterns ---------------------------------------------------------------------------
 def _computes(n: fx.Node) -> bool:
-    return n.op == "call_function"
+    return n.op in ("call_function", "call_method")
 
 
 def cut_pattern(ch: Chooser, gm: fx.GraphModule) -> fx.GraphModule | None:
@@ -211,7 +229,7 @@ def _as_pattern(ch: Chooser, order: list[fx.Node], outs: list[fx.Node]) -> fx.Gr
     env: dict[fx.Node, fx.Node] = {}
     for n, args in staged:
         mapped = fx.node.map_arg(args, lambda a: env[a] if a in env else outer.get(a, a))
-        env[n] = g.call_function(n.target, mapped, dict(n.kwargs))
+        env[n] = g.create_node(n.op, n.target, mapped, dict(n.kwargs))
     result = [env[o] for o in outs]
     g.output(result[0] if len(result) == 1 else tuple(result))
     return fx.GraphModule(torch.nn.Module(), g)
@@ -251,12 +269,12 @@ def replacement_for(ch: Chooser, pattern: fx.GraphModule) -> fx.GraphModule:
             g.output(res)
         else:
             target = n.target
-            if target in BINARY:
-                target = ch.choice(BINARY)
+            if target in BINARY:  # mul takes no alpha=
+                target = ch.choice(BINARY[::2] if "alpha" in n.kwargs else BINARY)
             elif target in UNARY:
                 target = ch.choice(UNARY)
             args = fx.node.map_arg(n.args, lambda a: env[a])
-            env[n] = g.call_function(target, args, dict(n.kwargs))
+            env[n] = g.create_node(n.op, target, args, dict(n.kwargs))
     return fx.GraphModule(torch.nn.Module(), g)
 
 

@@ -10,8 +10,10 @@ values used only inside, no cycle, no overlap when asked) — see docs/compat.md
 * torch raises ``KeyError`` when a pattern node is never bound: an anchor with no
   candidate at all while other anchors have some, or (``ignore_literals``) an op of the
   pattern set against a literal, which torch lets pass without binding it;
-* torch returns a match whose nodes_map misses such a node, or whose placeholder binds a
-  node the match computes, when ``ignore_literals`` lets an op pattern "match" anything;
+* torch returns a match whose nodes_map misses such a node when ``ignore_literals`` lets
+  an op pattern "match" a literal;
+* with ``remove_overlapping_matches=False`` torch returns matches whose fusion would form
+  a cycle (it drops its own cycle filter's result on that path);
 * torch's replace_pattern writes a graph that reads a value before making it when a
   pattern of two unconnected pieces has the later piece's input made between them (it
   inserts the whole replacement before the first reader of any output): fxpass inserts it
@@ -75,6 +77,8 @@ def _flat(n: Node) -> list:
 def _agree(pa, ga, nodes_map, ignore_literals) -> bool:
     if isinstance(pa, Node):
         if pa.op == "placeholder":
+            if ignore_literals and not isinstance(ga, Node):
+                return True  # a literal of the graph is a wildcard
             return pa in nodes_map and (nodes_map[pa] is ga or nodes_map[pa] == ga)
         return nodes_map.get(pa) is ga
     if isinstance(pa, (list, tuple)) and isinstance(ga, (list, tuple)):
@@ -99,7 +103,8 @@ def _valid(matches, pattern, graph, *, match_placeholder, overlapping, ignore_li
                 return f"{pn.name} unbound"
             gn = nm[pn]
             if pn.op == "placeholder":
-                if match_placeholder and not (isinstance(gn, Node) and gn.op == "placeholder"):
+                # (a literal binds a placeholder even then, as in torch)
+                if match_placeholder and isinstance(gn, Node) and gn.op != "placeholder":
                     return f"placeholder {pn.name} bound to a non-placeholder"
                 continue
             hit = bool(name) and name in gn.name and pn in m.anchors
@@ -250,7 +255,9 @@ def _compare_rewrites(gm, pattern, replacement, options, callback):
     inputs = program_inputs(gm)
     try:
         expected = a(*inputs)
-    except TypeError as e:  # node_name_match took a node of another op: torch's graph cannot run
+    except (TypeError, IndexError, RuntimeError) as e:
+        # torch's graph cannot run either: node_name_match took a node of another op, or
+        # ignore_literals put the pattern's literal (an index) where the graph had another
         with pytest.raises(type(e)):
             b(*inputs)
         return
@@ -264,22 +271,82 @@ def test_rewrites_equal_torchs(case):
 
 
 # ----- the classes the fuzzers found, pinned -----------------------------------------------
+_FLAGS = dict(
+    match_output=False,
+    match_placeholder=False,
+    remove_overlapping_matches=True,
+    ignore_literals=False,
+)
+
+
+def _trace(fn):
+    return torch.fx.symbolic_trace(fn)
+
+
+def _counts(gm, pattern, name="", **flags):
+    flags = {**_FLAGS, **flags}
+    _compare_matches(gm, pattern, flags, name)
+    theirs = torch_matcher.SubgraphMatcher(pattern.graph, **flags).match(gm.graph, name)
+    return len(cfx.SubgraphMatcher(pattern.graph, **flags).match(gm.graph, name)), len(theirs)
+
+
 def test_a_placeholder_used_twice_matches_with_match_placeholder():
-    p = torch.fx.symbolic_trace(lambda p0: p0 + p0)
-    gm = torch.fx.symbolic_trace(lambda x1: torch.cat([x1, x1 + x1]))
-    flags = dict(match_placeholder=True)
-    _compare_matches(
-        gm,
-        p,
-        {
-            **flags,
-            "match_output": False,
-            "remove_overlapping_matches": True,
-            "ignore_literals": False,
-        },
-        "",
-    )
-    assert len(cfx.SubgraphMatcher(p.graph, match_placeholder=True).match(gm.graph)) == 1
+    gm = _trace(lambda x1: torch.cat([x1, x1 + x1]))
+    assert _counts(gm, _trace(lambda p0: p0 + p0), match_placeholder=True) == (1, 1)
+
+
+def test_node_name_match_reaches_the_anchors_only():
+    gm = _trace(lambda x: torch.neg(x + x))  # the neg's input is named "add"
+    assert _counts(gm, _trace(lambda p0: torch.neg(p0)), "add", match_placeholder=True) == (0, 0)
+
+
+def test_a_literal_binds_a_placeholder_even_with_match_placeholder():
+    gm = _trace(lambda x: torch.sub(torch.sub(x, 2.0), -1.0))
+    pattern = _trace(lambda p0, p1: torch.sub(torch.sub(p0, p1), -1.0))
+    assert _counts(gm, pattern, match_placeholder=True) == (1, 1)
+
+
+def test_ignore_literals_lets_a_literal_face_a_bound_placeholder():
+    gm = _trace(lambda x: torch.relu(torch.sub(x, 2)))
+    assert _counts(gm, _trace(lambda p0: torch.sub(p0, p0)), ignore_literals=True) == (1, 1)
+
+
+def test_torch_returns_cyclic_matches_without_overlap_removal():
+    def program(x):
+        c = torch.cat([x, x])
+        return torch.cat([torch.mul(c + c, c), c])
+
+    def pattern(p0, p2):
+        c = torch.cat([p0, p0])
+        return torch.mul(p2, c), c
+
+    gm, p = _trace(program), _trace(pattern)
+    flags = {**_FLAGS, "remove_overlapping_matches": False}
+    theirs = torch_matcher.SubgraphMatcher(p.graph, **flags).match(gm.graph)
+    assert len(theirs) == 1  # mul <- add <- cat: fusing {cat, mul} makes a cycle
+    assert cfx.SubgraphMatcher(p.graph, **flags).match(gm.graph) == []
+    _compare_matches(gm, p, flags, "")
+
+
+def test_a_replacement_goes_after_its_last_input():
+    def program(x0):
+        first = torch.chunk(x0, 2)[0]
+        later = torch.chunk(torch.relu(x0) * 2, 2)
+        return later[1], first
+
+    def pattern(p0, p1):  # two unconnected pieces: the later one's input made between them
+        return p1[1], torch.chunk(p0, 2)
+
+    gm = _trace(program)
+    ours, theirs = copy.deepcopy(gm), copy.deepcopy(gm)
+    done = cfx.replace_pattern(ours, pattern, pattern)
+    torch_rewriter.replace_pattern(theirs, pattern, pattern)
+    assert len(done) == 1
+    with pytest.raises(RuntimeError, match="used before it has been defined"):
+        theirs.graph.lint()
+    ours.graph.lint()
+    v = torch.randn(4, 3)
+    torch.testing.assert_close(ours(v), gm(v))
 
 
 @pytest.mark.parametrize("seed", range(3))

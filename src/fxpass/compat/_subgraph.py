@@ -89,7 +89,9 @@ class _Rules(TorchMatching):
     HANDLERS = {**TorchMatching.HANDLERS, _Kind: "kind", _Attr: "attr"}
 
     def kind(self, p: _Kind, v: Any, st: MatchState, k: Cont) -> bool:
-        if not isinstance(v, Node) or (v.op != p.op and not self.name_hit(p, v)):
+        if not isinstance(v, Node):
+            return p.op == "placeholder" and self.literal(p, v, st, k)
+        if v.op != p.op and not self.name_hit(p, v):
             return False
         if p._shared:  # a second use of the same pattern node: the node it matched
             hit = self.memo_hit(p, v, st, k)
@@ -106,6 +108,21 @@ class _Rules(TorchMatching):
         if not ok:
             del st.used[v]
         return ok
+
+    def literal(self, p: _Kind, v: Any, st: MatchState, k: Cont) -> bool:
+        """A placeholder facing a literal binds it, as torch's does even when placeholders
+        must match placeholders; once bound it must see the same value, or with
+        ``ignore_literals`` anything that is not a node."""
+        prev = st.env.get(p.name, MISSING)
+        if prev is MISSING:
+            return self.bind(p, v, st, k)
+        if self.ignore_literals:
+            return k()
+        try:
+            same = not isinstance(prev, Node) and bool(prev == v)
+        except (TypeError, RuntimeError):  # values that cannot be compared are not equal
+            same = False
+        return k() if same else False
 
     def attr(self, p: _Attr, v: Any, st: MatchState, k: Cont) -> bool:
         if not isinstance(v, Node) or (v.op != "get_attr" and not self.name_hit(p, v)):

@@ -6,7 +6,8 @@ handlers whose rules differ, so the plain matcher stays free of them:
 
 * ``injective``: two pattern nodes may not match the same graph node;
 * ``exact_literals``: literals match only with the same Python type;
-* ``ignore_literals``: literals in the pattern match any literal or node;
+* ``ignore_literals``: literals in the pattern match any literal or node, and a literal in
+  the graph matches a variable already bound (to anything else);
 * ``name_match``: a graph node whose name contains this string matches the pattern's
   anchors (``name_anchors``) whatever its op; as in torch, only there: the nodes below an
   anchor match by their ops.
@@ -51,6 +52,7 @@ class TorchMatching(Interpreter):
         self.injective = injective
         self.name_match = name_match
         self.name_anchors = frozenset(id(p) for p in name_anchors)
+        self.ignore_literals = ignore_literals
         if ignore_literals:
             self.lit_ok = _anything
         elif exact_literals:
@@ -81,6 +83,9 @@ class TorchMatching(Interpreter):
         return False
 
     def var(self, p: Var, v: Any, st: MatchState, k: Cont) -> bool:
+        bound = p.name is not None and p.name in st.env
+        if bound and self.ignore_literals and v.__class__ is not Node:
+            return k()  # a literal is a wildcard, even against a bound variable
         if not self.injective or not isinstance(v, Node):
             return super().var(p, v, st, k)
         owner = st.used.get(v, MISSING)
