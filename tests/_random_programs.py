@@ -42,6 +42,7 @@ __all__ = [
     "cut_pattern",
     "made_up_pattern",
     "program_inputs",
+    "patterns_for",
     "programs",
     "random_program",
     "replacement_for",

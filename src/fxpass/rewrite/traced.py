@@ -197,7 +197,10 @@ def _unlift_constants(ep: Any) -> None:
                 f"traced functions cannot read {spec.kind.name.lower()} '{spec.target}'; "
                 "pass it as a parameter"
             )
-        attr = f"_tensor_constant{i}"
+        attr, j = f"_tensor_constant{i}", 0
+        while hasattr(gm, attr):
+            j += 1
+            attr = f"_tensor_constant{i}_{j}"
         gm.register_buffer(attr, value, persistent=False)
         with gm.graph.inserting_before(ph):
             node = editor.create(gm.graph, "get_attr", attr, (), {})
