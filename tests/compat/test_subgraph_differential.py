@@ -311,6 +311,15 @@ def test_ignore_literals_lets_a_literal_face_a_bound_placeholder():
     assert _counts(gm, _trace(lambda p0: torch.sub(p0, p0)), ignore_literals=True) == (1, 1)
 
 
+def test_torch_raises_key_error_where_an_anchor_has_no_candidate():
+    pattern = _trace(lambda x: (torch.relu(x), torch.neg(x)))
+    gm = _trace(lambda x: torch.relu(x) * 2)
+    with pytest.raises(KeyError):
+        torch_matcher.SubgraphMatcher(pattern.graph).match(gm.graph)
+    assert cfx.SubgraphMatcher(pattern.graph).match(gm.graph) == []
+    _compare_matches(gm, pattern, _FLAGS, "")
+
+
 def test_torch_returns_cyclic_matches_without_overlap_removal():
     def program(x):
         c = torch.cat([x, x])
