@@ -318,3 +318,26 @@ def test_fuzzed_graphs_rewrite_like_torch_and_keep_values(steps, which):
     b.graph.lint()
     x, y = torch.randn(5), torch.randn(5)
     torch.testing.assert_close(b(x, y), gm(x, y))
+
+
+class _TimesFour(torch.nn.Module):
+    def forward(self, v):
+        return torch.neg(torch.mul(v, torch.tensor(4.0)))
+
+
+def test_a_replacement_functions_own_constant_is_copied_not_confused():
+    def pattern(x, y):
+        return torch.mul(x, y)
+
+    def replacement(x, y):
+        return torch.sub(x, y * torch.tensor(2.0))
+
+    v = torch.randn(5)
+    ours = torch.fx.symbolic_trace(_TimesFour())
+    done = cfx.replace_pattern(ours, pattern, replacement)
+    assert _names(done[0].nodes_map)["y"] == "_tensor_constant0"  # bound: the get_attr
+    torch.testing.assert_close(ours(v), torch.neg(v - 4.0 * 2.0))
+    # torch's copy reads the module's own _tensor_constant0 (4.0) for the replacement's 2.0
+    theirs = torch.fx.symbolic_trace(_TimesFour())
+    torch_rewriter.replace_pattern(theirs, pattern, replacement)
+    torch.testing.assert_close(theirs(v), torch.neg(v - 4.0 * 4.0))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxpass.rewrite import P, RewriteError, Rule, rewrite
+import fxpass as fp
+from fxpass.rewrite import P, RewriteError, Rule, rewrite, rules
 from fxpass.rewrite import order as order_module
 from fxpass.rewrite.order import TopoOrder, find_cycle
 
@@ -107,3 +108,71 @@ def test_a_replacement_may_read_shapes():
     ep.graph_module.graph.lint()
     x = torch.randn(2, 8)
     torch.testing.assert_close(ep.graph_module(x)[0], x.relu())
+
+
+# ----- constants stay constants -------------------------------------------------------------
+class _TimesFour(torch.nn.Module):
+    def forward(self, v):
+        return torch.neg(torch.mul(v, torch.tensor(4.0)))
+
+
+def _no_tensor_literals(gm):
+    for n in gm.graph.nodes:
+        flat = torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+        assert not any(isinstance(a, torch.Tensor) for a in flat), n.format_node()
+
+
+def _sub_twice(x, y):
+    return torch.sub(x, y * torch.tensor(2.0))
+
+
+def test_a_bound_constant_and_the_replacements_own_reach_the_graph_as_values():
+    gm = torch.fx.symbolic_trace(_TimesFour())  # the constant: get_attr _tensor_constant0
+    seen = []
+
+    def replace(x, y, match):
+        seen.append(match.bindings["y"])
+        return _sub_twice(x, y)
+
+    rule = Rule(P(torch.mul, x, P.var("y")), replace)
+    assert rewrite(gm, [rule]).rewrites == 1
+    assert seen[0].op == "get_attr"  # the bound constant is its node, not its tensor
+    _no_tensor_literals(gm)
+    gm.recompile()
+    v = torch.randn(5)
+    torch.testing.assert_close(gm(v), torch.neg(v - 4.0 * 2.0))
+    made = [n for n in gm.graph.nodes if n.op == "get_attr" and n.users]
+    assert len(made) == 2 and "val" in made[-1].meta
+
+
+def test_the_replacements_constants_on_an_exported_program_become_lifted_constants():
+    ep = torch.export.export(_TimesFour(), (torch.randn(5),))
+    rule = Rule(
+        P(aten.mul.Tensor, x, P.var("y")), lambda x, y: aten.sub.Tensor(x, y * torch.tensor(2.0))
+    )
+    out = fp.apply(ep, rules("constants", [rule])).program
+    kinds = [s.kind.name for s in out.graph_signature.input_specs]
+    assert kinds.count("CONSTANT_TENSOR") == 2  # the program's 4.0 and the replacement's 2.0
+    v = torch.randn(5)
+    torch.testing.assert_close(out.module()(v), torch.neg(v - 4.0 * 2.0))
+
+
+def test_a_lifted_constant_bound_in_the_graph_module_of_an_export():
+    ep = torch.export.export(_TimesFour(), (torch.randn(5),)).run_decompositions()
+    rule = Rule(P(aten.mul.Tensor, x, P.var("y")), lambda x, y: aten.sub.Tensor(x, y))
+    assert rewrite(ep.graph_module, [rule]).rewrites == 1
+    _no_tensor_literals(ep.graph_module)
+    ep.graph_module.recompile()
+    v = torch.randn(5)
+    torch.testing.assert_close(ep.module()(v), torch.neg(v - 4.0))
+
+
+def test_a_fake_tensor_in_a_replacement_is_a_clear_error():
+    gm = torch.fx.symbolic_trace(_TimesFour())
+    before = gm.code
+    fake = torch._subclasses.fake_tensor.FakeTensorMode().from_tensor(torch.ones(()))
+    rule = Rule(P(torch.mul, x, P.var("y")), lambda x, y: torch.sub(x, fake))
+    with pytest.raises(RewriteError, match="fake tensor as an argument; pass the graph value"):
+        rewrite(gm, [rule])
+    gm.recompile()
+    assert gm.code == before

@@ -136,3 +136,42 @@ def test_trace_errors_name_the_problem():
         trace(lambda *a: a[0] + 1, (torch.ones(1),), "aten")
     with pytest.raises(TraceError, match="replacement's parameters"):
         traced_rule(lambda a: a + 1, lambda b: b + 1, (torch.ones(1),), ir="fx")
+
+
+class _TimesFour(torch.nn.Module):
+    def forward(self, v):
+        return torch.neg(torch.mul(v, torch.tensor(4.0)))
+
+
+def _times(x, y):
+    return torch.mul(x, y)
+
+
+def _minus_twice(x, y):
+    return torch.sub(x, y + torch.tensor(2.0))  # a constant of the replacement's own
+
+
+@pytest.mark.parametrize("ir", ["fx", "aten", "export"])
+def test_a_traced_replacements_constant_is_its_own(ir):
+    rule = traced_rule(_times, _minus_twice, (torch.randn(5), torch.randn(())), ir=ir)
+    if ir == "fx":  # the program's constant has the name the replacement's had when traced
+        gm = torch.fx.symbolic_trace(_TimesFour())
+        run = gm
+    else:
+        ep = torch.export.export(_TimesFour(), (torch.randn(5),))
+        ep = ep.run_decompositions() if ir == "aten" else ep
+        gm, run = ep.graph_module, ep.module
+    assert rewrite(gm, [rule]).rewrites == 1
+    gm.recompile()
+    v = torch.randn(5)
+    out = run(v) if ir == "fx" else run()(v)
+    torch.testing.assert_close(out, torch.neg(v - (4.0 + 2.0)))
+
+
+@pytest.mark.parametrize("ir", ["fx", "aten"])
+def test_a_traced_pattern_with_a_constant_is_a_clear_error(ir):
+    def pattern(x):
+        return torch.mul(x, torch.tensor(4.0))
+
+    with pytest.raises(TraceError, match="cannot contain get_attr nodes.*pass tensors as param"):
+        traced_rule(pattern, pattern, (torch.randn(5),), ir=ir)

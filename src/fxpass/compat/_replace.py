@@ -8,6 +8,10 @@ matches in the same order, same replacement nodes and names, same errors), but:
   ``stack_trace``, ``nn_module_stack`` and provenance (``from_node``, ``fxpass_provenance``);
 * inside an fxpass pipeline every replacement asks the debug counter first and is reported
   to the instrumentation;
+* a tensor constant of a replacement written as a function (``torch.tensor(2.0)`` in it)
+  is copied into the module under a name of its own: torch's copy reads whatever attribute
+  of the module has the traced name (``_tensor_constant0``: the module's own constant, or
+  nothing), so its rewritten graph computes with the wrong tensor or fails when run;
 * ``ignore_literals=True`` does not crash: a literal in the pattern matches any argument,
   but an op in the pattern never "matches" a literal (torch's matcher lets it, then fails
   with ``KeyError``).
@@ -28,7 +32,9 @@ from torch.fx.subgraph_rewriter import ReplacedPatterns as _TorchReplacedPattern
 
 from ..core.context import current_context
 from ..fxutil.fx_internals import nodes_between, sort_key
-from ..rewrite.rewriter import Rewriter
+from ..fxutil.paths import find_path
+from ..rewrite.order import TopoOrder, users_before
+from ..rewrite.rewriter import Rewriter, constant_node
 from ._subgraph import InternalMatch, SubgraphMatcher
 
 __all__ = ["Match", "ReplacedPatterns", "replace_pattern", "replace_pattern_with_filters"]
@@ -112,7 +118,11 @@ def _replace_pattern(
         )
     else:
         common = None
-    surgeon = _Surgeon(gm, pattern_graph)
+    surgeon = _Surgeon(
+        gm,
+        pattern_graph,
+        own_constants=common is not None and not isinstance(replacement, (GraphModule, Graph)),
+    )
     done: list[ReplacedPatterns] = []
     for m in matches:
         if replacement_callback is not None:
@@ -135,8 +145,10 @@ def _replace_pattern(
 class _Surgeon:
     """torch's replacement steps for each match, through fxpass's rewriter."""
 
-    def __init__(self, gm: GraphModule, pattern_graph: Graph) -> None:
+    def __init__(self, gm: GraphModule, pattern_graph: Graph, own_constants: bool) -> None:
         self.gm = gm
+        #: the replacement is a function fxpass traced: its ``get_attr`` tensors are its own
+        self.own_constants = own_constants
         self.graph = gm.graph
         self.pattern_nodes = [
             n for n in reversed(pattern_graph.nodes) if n.op not in ("placeholder", "output")
@@ -163,7 +175,7 @@ class _Surgeon:
                 f"Placeholder count mismatch: {len(match.placeholder_nodes)} vs {len(placeholders)}"
             )
         val_map = self._inputs(match, placeholders)
-        insert_at = self._insert_point(match)
+        insert_at, movers = self._insert_point(match, val_map, set(change.old))
         before = insert_at.prev
         with self.graph.inserting_before(insert_at):
             returned = self._copy(replacement, val_map)
@@ -180,6 +192,10 @@ class _Surgeon:
         for gn, copied in zip(match.returning_nodes, returned):
             editor.replace_all_uses(gn, copied, "replace_pattern", erase_old=False)
             self.changed[gn] = copied
+        prev = insert_at.prev
+        for m in movers:  # readers of an output placed before the replacement follow it
+            editor.move(m, after=prev, rule="replace_pattern")
+            prev = m
         for gn in change.old:
             if gn.users:
                 editor.erase(gn, "replace_pattern")  # raises as torch does: still used
@@ -204,14 +220,33 @@ class _Surgeon:
                 val_map[rn] = gn
         return val_map
 
-    def _insert_point(self, match: InternalMatch) -> Node:
+    def _insert_point(
+        self, match: InternalMatch, val_map: dict[Node, Any], region: set[Node]
+    ) -> tuple[Node, list[Node]]:
+        """Where the replacement goes (torch's place: before the first user of an output),
+        and the nodes to move behind it. torch's place may come before an input of the
+        replacement (two unconnected pieces in one pattern, the later one's input made
+        between them): torch then writes a graph that reads a value before making it.
+        Here the replacement goes after its last input, and the readers of the outputs
+        placed before that follow it."""
         users: set[Node] = set()
         for n in match.returning_nodes:
             users.update(n.users)
         if users:
-            return min(users, key=sort_key)
-        last = max(match.returning_nodes, key=sort_key)
-        return last.next
+            at = min(users, key=sort_key)
+        else:
+            at = max(match.returning_nodes, key=sort_key).next
+        inputs = [v for v in val_map.values() if isinstance(v, Node)]
+        if not inputs:
+            return at, []
+        last = max(inputs, key=sort_key)
+        if sort_key(at) > sort_key(last):
+            return at, []
+        after = last.next
+        movers = users_before(TopoOrder(self.graph), match.returning_nodes, region, sort_key(after))
+        if set(movers) & set(inputs):  # an input reads an output: no order works
+            return at, []
+        return after, movers
 
     def _copy(self, replacement: Graph, val_map: dict[Node, Any]) -> Any:
         graph = self.graph
@@ -220,6 +255,10 @@ class _Surgeon:
                 continue
             if node.op == "output":
                 return fx.map_arg(node.args[0], lambda n: val_map[n])
+            value = self._constant(node)
+            if value is not None:
+                val_map[node] = constant_node(graph, value, self.rw.editor)
+                continue
             args = fx.map_arg(node.args, lambda n: val_map[n])
             kwargs = fx.map_arg(node.kwargs, lambda n: val_map[n])
             copied = self.rw.editor.create(
@@ -228,6 +267,14 @@ class _Surgeon:
             copied.meta = copy.copy(node.meta)
             val_map[node] = copied
         return None
+
+    def _constant(self, node: Node) -> torch.Tensor | None:
+        """The tensor a ``get_attr`` of a traced replacement function reads, else None."""
+        owner = node.graph.owning_module
+        if not self.own_constants or node.op != "get_attr" or owner is None:
+            return None
+        value = find_path(owner, str(node.target))
+        return value if isinstance(value, torch.Tensor) else None
 
     def _metadata(self, match: InternalMatch, new: list[Node], donors: dict[Node, Node]) -> None:
         if not new:

@@ -89,14 +89,16 @@ class _Rules(TorchMatching):
     HANDLERS = {**TorchMatching.HANDLERS, _Kind: "kind", _Attr: "attr"}
 
     def kind(self, p: _Kind, v: Any, st: MatchState, k: Cont) -> bool:
-        if not isinstance(v, Node) or (v.op != p.op and not self.name_hit(v)):
+        if not isinstance(v, Node):
+            return p.op == "placeholder" and self.literal(p, v, st, k)
+        if v.op != p.op and not self.name_hit(p, v):
             return False
-        if v in st.used:
-            return False
-        if p._shared:
+        if p._shared:  # a second use of the same pattern node: the node it matched
             hit = self.memo_hit(p, v, st, k)
             if hit is not None:
                 return hit
+        if v in st.used:
+            return False
         st.used[v] = p
         if p.args is None:
             ok = self.bind(p, v, st, k)
@@ -107,15 +109,30 @@ class _Rules(TorchMatching):
             del st.used[v]
         return ok
 
+    def literal(self, p: _Kind, v: Any, st: MatchState, k: Cont) -> bool:
+        """A placeholder facing a literal binds it, as torch's does even when placeholders
+        must match placeholders; once bound it must see the same value, or with
+        ``ignore_literals`` anything that is not a node."""
+        prev = st.env.get(p.name, MISSING)
+        if prev is MISSING:
+            return self.bind(p, v, st, k)
+        if self.ignore_literals:
+            return k()
+        try:
+            same = not isinstance(prev, Node) and bool(prev == v)
+        except (TypeError, RuntimeError):  # values that cannot be compared are not equal
+            same = False
+        return k() if same else False
+
     def attr(self, p: _Attr, v: Any, st: MatchState, k: Cont) -> bool:
-        if not isinstance(v, Node) or (v.op != "get_attr" and not self.name_hit(v)):
-            return False
-        if v in st.used:
+        if not isinstance(v, Node) or (v.op != "get_attr" and not self.name_hit(p, v)):
             return False
         if p._shared:
             hit = self.memo_hit(p, v, st, k)
             if hit is not None:
                 return hit
+        if v in st.used:
+            return False
         if v.op == "get_attr" and not p.same_kind(v):
             return False
         st.used[v] = p
@@ -240,6 +257,7 @@ class SubgraphMatcher:
             exact_literals=True,
             ignore_literals=self.ignore_literals,
             name_match=node_name_match,
+            name_anchors=[self._pats[a] for a in anchors],
         )
         st = MatchState()
         found: list[InternalMatch] = []

@@ -27,6 +27,7 @@ from torch.fx import Node
 
 from ..edit.provenance import COPIED_META, node_sources, provenance_record
 from ..fxutil.fx_internals import node_args, node_kwargs
+from ..fxutil.paths import find_path
 from ..fxutil.values import FakeEvaluator, Strictness, node_val
 
 __all__ = ["MetaPropagator"]
@@ -90,6 +91,12 @@ class MetaPropagator:
                     return src[args[1]]
                 except (IndexError, KeyError, TypeError):
                     return None
+        if n.op == "get_attr":  # a constant the replacement made: its value, made fake
+            owner = n.graph.owning_module
+            value = find_path(owner, str(n.target)) if owner is not None else None
+            if not isinstance(value, torch.Tensor):
+                return None
+            return self.evaluator(n.graph).fake(value)
         if n.op not in ("call_function", "call_method"):
             return None
         return self.evaluator(n.graph).run_on_nodes(

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node, Proxy
 from torch.fx.node import map_aggregate
 from torch.fx.proxy import GraphAppendingTracer
@@ -31,7 +32,7 @@ from .metadata import MetaPropagator
 from .order import TopoOrder, users_before
 from .region import Match, _droppable
 
-__all__ = ["RewriteError", "Rewriter"]
+__all__ = ["RewriteError", "Rewriter", "constant_node"]
 
 
 class RewriteError(FxpassError):
@@ -51,13 +52,21 @@ class _Tracer(GraphAppendingTracer):
         self.editor = editor
 
     def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None, *_, **__):
-        # unwrap first: an argument may create its node on demand (torch's ``x.shape`` proxy)
-        args = map_aggregate(args, _unwrap)
-        kwargs = map_aggregate(kwargs, _unwrap)
+        # unwrap first: an argument may create its node on demand (torch's ``x.shape`` proxy);
+        # a tensor the replacement made (``torch.tensor(2.0)``) is read from the module
+        args = map_aggregate(args, self._arg)
+        kwargs = map_aggregate(kwargs, self._arg)
         node = self.editor.create(
             self.graph, kind, target, args, kwargs, name=name, type_expr=type_expr
         )
         return _Proxy(node, self)
+
+    def _arg(self, a: Any) -> Any:
+        if isinstance(a, Proxy):
+            return a.node
+        if isinstance(a, torch.Tensor):
+            return constant_node(self.graph, a, self.editor)
+        return a
 
 
 class _Proxy(Proxy):
@@ -107,6 +116,43 @@ def replacement_editor(bindings: Iterable[Any]) -> Editor:
 
 def _unwrap(a: Any) -> Any:
     return a.node if isinstance(a, Proxy) else a
+
+
+def constant_node(graph: fx.Graph, tensor: torch.Tensor, editor: Editor) -> Node:
+    """A ``get_attr`` node reading ``tensor``, made at the graph's insertion point: a tensor
+    constant of a replacement stays a constant of the module (a buffer, added once per
+    tensor), never a literal argument, which generated code cannot spell. When passes run
+    on an ExportedProgram, fxpass lifts it into a constant input of the program."""
+    if isinstance(tensor, FakeTensor) or tensor.device.type == "meta":
+        raise ValueError(
+            f"a replacement used a {'fake' if isinstance(tensor, FakeTensor) else 'meta'} "
+            "tensor as an argument; pass the graph value it stands for (the bound node) instead"
+        )
+    owner = graph.owning_module
+    if owner is None:
+        raise ValueError(
+            "a replacement made a tensor constant, but the graph belongs to no GraphModule "
+            "that could hold it"
+        )
+    name = next((n for n, b in owner.named_buffers(recurse=False) if b is tensor), None)
+    if name is None:
+        i = 0
+        while hasattr(owner, f"_tensor_constant{i}"):
+            i += 1
+        name = f"_tensor_constant{i}"
+        value = tensor.detach() if tensor.requires_grad else tensor
+        owner.register_buffer(name, value, persistent=False)
+    return editor.create(graph, "get_attr", name, (), {})
+
+
+def _has_tensor(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(v) for v in x)
+    if isinstance(x, dict):
+        return any(_has_tensor(v) for v in x.values())
+    return False
 
 
 class Rewriter:
@@ -241,6 +287,7 @@ class Rewriter:
         try:
             with graph.inserting_before(anchor):
                 result = rule.build(env, match)
+            self._constants(nodes_between(before, anchor))
             new = nodes_between(before, anchor)
             values = None if result is None else self._values(match, result)
         except Exception as e:
@@ -251,6 +298,23 @@ class Rewriter:
         if values is None:
             self._undo(new)
         return new, values
+
+    def _constants(self, new: list[Node]) -> None:
+        """Give every tensor a replacement put into a node's arguments as a literal (one it
+        was bound to, or made) a ``get_attr`` node of its own (:func:`constant_node`)."""
+        editor = self.editor
+        for n in new:
+            if not (_has_tensor(n.args) or _has_tensor(n.kwargs)):
+                continue
+            with self.graph.inserting_before(n):
+
+                def arg(a: Any) -> Any:
+                    if isinstance(a, torch.Tensor):
+                        return constant_node(self.graph, a, editor)
+                    return a
+
+                args, kwargs = map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
+            editor.set_args(n, args, kwargs, rule="constant")
 
     def _replay(self, match: Match, new: list[Node], values: list[Node], anchor: Node):
         """Give each output back the shape the replaced node had: where a value has the

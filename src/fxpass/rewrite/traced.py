@@ -54,6 +54,7 @@ from torch.fx.node import map_aggregate
 from ..core.errors import FxpassError
 from ..edit.editor import Editor
 from ..edit.location import caller_location
+from ..fxutil.paths import find_path
 from .leaves import Const, Pattern, Var
 from .pattern import P
 from .rule import Rule
@@ -172,7 +173,39 @@ def _trace_export(fn, names, args, decompose: bool):
     ep = torch.export.export(_Fn(), tuple(args))
     if decompose:
         ep = ep.run_decompositions()
+    _unlift_constants(ep)
     return ep.graph_module, _by_position(names)
+
+
+def _unlift_constants(ep: Any) -> None:
+    """Make the constants export lifted into inputs (``torch.tensor(2.0)`` in the function)
+    ``get_attr`` nodes of the traced module again, so that the placeholders left are the
+    function's parameters (a just-traced scratch graph no run watches)."""
+    from torch.export.graph_signature import InputKind
+
+    gm, editor = ep.graph_module, Editor(None)
+    by_name = {n.name: n for n in gm.graph.find_nodes(op="placeholder")}
+    for i, spec in enumerate(ep.graph_signature.input_specs):
+        if spec.kind == InputKind.USER_INPUT:
+            continue
+        ph = by_name[spec.arg.name]
+        value = ep.constants.get(spec.target) if spec.target is not None else None
+        if value is None:
+            value = ep.state_dict.get(spec.target)
+        if not isinstance(value, torch.Tensor):
+            raise TraceError(
+                f"traced functions cannot read {spec.kind.name.lower()} '{spec.target}'; "
+                "pass it as a parameter"
+            )
+        attr, j = f"_tensor_constant{i}", 0
+        while hasattr(gm, attr):
+            j += 1
+            attr = f"_tensor_constant{i}_{j}"
+        gm.register_buffer(attr, value, persistent=False)
+        with gm.graph.inserting_before(ph):
+            node = editor.create(gm.graph, "get_attr", attr, (), {})
+        node.meta.update(ph.meta)
+        editor.replace_all_uses(ph, node, "trace")
 
 
 def _trace_aot(fn, names, args):
@@ -341,8 +374,15 @@ class Replacement:
         self.nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
         self.output = next(n for n in graph.nodes if n.op == "output")
 
+    def _constant(self, n: Node) -> torch.Tensor | None:
+        """The tensor a ``get_attr`` node of the replacement reads, else None."""
+        if n.op != "get_attr" or self.graph.owning_module is None:
+            return None
+        value = find_path(self.graph.owning_module, str(n.target))
+        return value if isinstance(value, torch.Tensor) else None
+
     def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
-        from .rewriter import _unwrap, replacement_editor
+        from .rewriter import _unwrap, constant_node, replacement_editor
 
         graph = match.graph
         editor = replacement_editor(bindings.values())
@@ -363,6 +403,10 @@ class Replacement:
             return bindings[name] if name is not None else a
 
         for n in self.nodes:
+            value = self._constant(n)
+            if value is not None:  # the replacement's own constant, not the graph's namesake
+                env[n] = constant_node(graph, value, editor)
+                continue
             env[n] = editor.create(
                 graph, n.op, n.target, map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
             )
