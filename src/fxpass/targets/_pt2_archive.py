@@ -34,6 +34,8 @@ AOTI_DIR = "data/aotinductor/"
 #: Members whose bytes a loader could map as code: shared libraries, objects, GPU binaries.
 _NATIVE = re.compile(r"\.(so(\.[0-9]+)*|dll|dylib|pyd|o|cubin|fatbin|hsaco|spv|ptx)$", re.I)
 _MODEL = re.compile(r"models/([^/]+)\.json")
+#: What torch's reader opens before any program (``.data/version`` by the zip reader itself).
+_REQUIRED = ("archive_format", "archive_version", ".data/version")
 _CONFIG = re.compile(r"data/(weights|constants)/[^/]+_config\.json")
 
 
@@ -110,6 +112,15 @@ def _read(zf: zipfile.ZipFile, path: Path) -> Archive:
         names.append(info.filename[len(folder) + 1 :] if folder else info.filename)
     archive = Archive(path, folder, names)
     _refuse_native_code(archive)
+    for needed in _REQUIRED:
+        if needed not in names:
+            raise Pt2Error(
+                f"{path} is not an archive torch.export.save wrote: it lacks member "
+                f"{archive.member(needed)}",
+                member=archive.member(needed),
+            )
+    if not any(_MODEL.fullmatch(name) for name in names):
+        raise Pt2Error(f"{path} holds no exported program (no member models/NAME.json)")
     for info in infos:
         _check_crc(zf, info, path)
     for name in names:
@@ -192,21 +203,33 @@ def _check_program(archive: Archive, name: str) -> None:
     if not isinstance(program, dict) or not isinstance(program.get("graph_module"), dict):
         raise damaged("is not an exported program (no graph_module object)")
     model = _MODEL.fullmatch(name).group(1)  # type: ignore[union-attr]
-    for needed in (f"data/sample_inputs/{model}.pt",):
-        if needed not in archive.names:
-            raise damaged(f"needs member {archive.member(needed)}, which the archive lacks")
+    for needed, legacy in (
+        (f"data/sample_inputs/{model}.pt", None),
+        (f"data/weights/{model}_weights_config.json", f"data/weights/{model}.pt"),
+        (f"data/constants/{model}_constants_config.json", f"data/constants/{model}.pt"),
+    ):
+        if needed not in archive.names and legacy not in archive.names:
+            raise Pt2Error(
+                f"{archive.path} is damaged: member {member} needs member "
+                f"{archive.member(needed)}, which the archive lacks",
+                member=archive.member(needed),
+            )
     try:
         _check_expressions(program)
     except ExpressionError as e:
-        raise Pt2Error(
-            f"refusing to load {archive.path}: member {member}: {e}; export writes only "
-            "symbols, integers, arithmetic and sympy's shape functions there, and anything "
-            "else would run as Python",
-            member=member,
-            unsafe=True,
-        ) from e
+        raise _unsafe_expression(archive, member, e) from e
     except (TypeError, ValueError, AttributeError) as e:
         raise damaged(f"has a field of the wrong type ({e})") from e
+
+
+def _unsafe_expression(archive: Archive, member: str, e: ExpressionError) -> Pt2Error:
+    return Pt2Error(
+        f"refusing to load {archive.path}: member {member}: {e}; export writes only symbols, "
+        "integers, arithmetic and sympy's shape functions there, and anything else would run "
+        "as Python",
+        member=member,
+        unsafe=True,
+    )
 
 
 def _check_expressions(program: dict[str, Any]) -> None:
@@ -226,7 +249,12 @@ def _check_expressions(program: dict[str, Any]) -> None:
         raise TypeError(f"guards_code is a {type(guards).__name__}, not a list")
     for guard in guards:
         guard_expression(guard, "guard")
-    stack: list[Any] = [program]  # every expr_str, wherever it sits: torch sympifies them all
+    _check_symbolic(program)
+
+
+def _check_symbolic(tree: Any) -> None:
+    """Every ``expr_str``, wherever it sits: torch sympifies each one it reaches."""
+    stack: list[Any] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
@@ -245,6 +273,10 @@ def _check_payload_config(zf: zipfile.ZipFile, archive: Archive, name: str, conf
     entries = config.get("config") if isinstance(config, dict) else None
     if not isinstance(entries, dict):
         raise Pt2Error(f"{head} has no 'config' object", member=member)
+    try:
+        _check_symbolic(config)  # torch reads these sizes as integers; refused all the same
+    except ExpressionError as e:
+        raise _unsafe_expression(archive, member, e) from e
     folder = name.rsplit("/", 1)[0]
     for fqn, entry in entries.items():
         try:
