@@ -225,8 +225,7 @@ def _check_program(archive: Archive, name: str) -> None:
 def _unsafe_expression(archive: Archive, member: str, e: ExpressionError) -> Pt2Error:
     return Pt2Error(
         f"refusing to load {archive.path}: member {member}: {e}; export writes only symbols, "
-        "integers, arithmetic and sympy's shape functions there, and anything else would run "
-        "as Python",
+        "integers, arithmetic and shape functions there, and anything else would run as Python",
         member=member,
         unsafe=True,
     )

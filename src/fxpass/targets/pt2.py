@@ -1,15 +1,21 @@
 """Reading ``.pt2`` archives that ``torch.export.save`` wrote: checked, faithful, no code run.
 
-:func:`load` is ``torch.export.load`` with four differences:
+:func:`load` is ``torch.export.load`` with these differences:
 
-* **Integrity first.** Every member of the zip archive must pass its CRC-32, and every
-  weight and constant must hold at least the bytes its shape, strides and dtype need
-  (:func:`check_archive`); after loading, each one must have the shape and dtype the
-  program's graph expects. A damaged file is refused with a :class:`Pt2Error` naming the
-  member, before anything runs.
-* **No pickles.** Tensors load with ``torch.load(weights_only=True)``; a file that needs
-  anything else (pickled Python objects, which can run code) is refused. Contexts that name
-  an enum load only when its module is already imported or the caller allowed it.
+* **Checked before torch reads it** (``_pt2_archive``). Every member must pass its CRC-32,
+  appear once, sit in the archive's folder; every weight and constant must hold the bytes
+  its shape, strides and dtype need (after loading, also the shape and dtype the graph
+  expects); the JSON torch parses must be UTF-8 JSON of a readable depth. A damaged file is
+  refused with a :class:`Pt2Error` naming the member, before anything runs.
+* **No code from the file runs.** Every string torch would evaluate (symbolic sizes and
+  values, which torch hands to ``sympy.sympify``; range-constraint names; guards, which
+  ``ep.module()`` pastes into Python) must be in the grammar export writes
+  (``_pt2_grammar``); AOTInductor packages and native-code members are refused, never
+  dlopen'ed. Tensors load with ``torch.load(weights_only=True)``; a file that needs anything
+  else (pickled Python objects, which can run code) is refused. Contexts that name an enum
+  load only when its module is already imported or the caller allowed it.
+* **One line per fault.** Whatever torch itself then trips on in a malformed file becomes a
+  :class:`Pt2Error` naming the member it was reading, never another exception.
 * **Types the process does not know.** A program whose inputs or outputs are pytree node
   types registered only by another package — a Hugging Face ``CausalLMOutputWithPast``
   (registered when ``transformers.modeling_outputs`` is imported), a user dataclass — loads
@@ -393,11 +399,11 @@ def _cause(
             break
         chain.append(nxt)
     text = "\n".join(str(x) for x in chain)
-    where = f" (member {member})" if member else ""
+    where = f"member {member}: " if member else ""
     for x in chain:
         if isinstance(x, _Refused):
             return Pt2Error(
-                f"refusing to load {path}: {x}{where}, which could run code; fxpass loads only "
+                f"refusing to load {path}: {where}{x}, which could run code; fxpass loads only "
                 "plain tensors from .pt2 files",
                 member=member,
                 unsafe=True,
@@ -406,7 +412,7 @@ def _cause(
             found = [ln.strip() for ln in str(x).splitlines() if "GLOBAL" in ln]
             what = f" ({found[0].rstrip('.')})" if found else ""
             return Pt2Error(
-                f"refusing to load {path}: it holds pickled Python objects{what}{where}, which "
+                f"refusing to load {path}: {where}it holds pickled Python objects{what}, which "
                 "could run code; fxpass loads only plain tensors from .pt2 files",
                 member=member,
                 unsafe=True,
