@@ -548,3 +548,65 @@ def test_not_a_zip_file(tmp_path, marker):
     bad = tmp_path / "text.pt2"
     bad.write_text("hello")
     assert "not a zip file" in str(refused(bad, marker))
+
+
+# ----- names and constant inputs that torch writes into Python source --------------------------
+class Modal(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x, mode: str, k: int):
+        return self.lin(x) * k if mode == "a" else x
+
+
+@pytest.fixture(scope="session")
+def modal(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("modal") / "modal.pt2"
+    torch.export.save(torch.export.export(Modal(), (torch.randn(2, 3), "a", 3)), path)
+    return path
+
+
+def _constant_input(kind: str, value: Callable[[Path], Any]) -> Callable[[Any, Path], None]:
+    def change(tree, marker):
+        for entry in tree["graph_module"]["graph"]["inputs"]:
+            if kind in entry:
+                entry[kind] = value(marker)
+
+    return change
+
+
+NAMES = {
+    # Before: the string became the guard ``L['mode'] == '...'`` that ``ep.module()`` pastes
+    # into Python, and the first call ran it.
+    "string input": _constant_input("as_string", lambda m: f"a' == '' or {touch(m)} or '"),
+    "int input a string": _constant_input("as_int", lambda m: f"' or {touch(m)} or '"),
+    "argument name": lambda t, m: t["graph_module"]["module_call_graph"][0][
+        "signature"
+    ].__setitem__("forward_arg_names", [f"x={touch(m)}", "mode", "k"]),
+    "parameter name": lambda t, m: next(
+        s["parameter"] for s in t["graph_module"]["signature"]["input_specs"] if "parameter" in s
+    ).__setitem__("parameter_name", 'lin.w"), getattr(__import__("os"), "system")("true'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NAMES))
+def test_a_name_or_constant_input_that_would_be_python_is_refused(modal, tmp_path, marker, case):
+    bad = rewrite(
+        modal,
+        tmp_path / "bad.pt2",
+        edit_json("models/model.json", lambda tree: NAMES[case](tree, marker)),
+    )
+    assert refused(bad, marker, "models/model.json").unsafe
+
+
+def test_plain_constant_inputs_load_and_run(modal, marker):
+    ep = load(modal)
+    x = torch.randn(2, 3)
+    weight, bias = ep.state_dict["lin.weight"], ep.state_dict["lin.bias"]
+    torch.testing.assert_close(
+        ep.module()(x, "a", 3), torch.nn.functional.linear(x, weight, bias) * 3
+    )
+    with pytest.raises(AssertionError, match="Guard failed"):  # the guard, as torch wrote it
+        ep.module()(x, "b", 3)
+    assert not marker.exists()

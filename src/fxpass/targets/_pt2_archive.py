@@ -9,7 +9,8 @@
 * a JSON member torch parses (programs, weight and constant configs) that is not UTF-8, not
   JSON, nested too deep, or of the wrong shape where fxpass reads it;
 * every expression string torch would hand to sympy or paste into Python (symbolic sizes,
-  range constraints, guards) outside the grammar export writes (``_pt2_grammar``);
+  range constraints, guards) outside the grammar export writes, and every name or constant
+  input that would change the Python source ``ep.module()`` generates (``_pt2_grammar``);
 * a weight or constant stored in fewer bytes than its shape, strides and dtype need.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import FxpassError
-from ._pt2_grammar import ExpressionError, guard_expression, sympy_expression
+from ._pt2_grammar import ExpressionError, guard_expression, program_names, sympy_expression
 
 __all__ = ["Archive", "Pt2Error", "check_archive", "read_archive"]
 
@@ -225,7 +226,8 @@ def _check_program(archive: Archive, name: str) -> None:
 def _unsafe_expression(archive: Archive, member: str, e: ExpressionError) -> Pt2Error:
     return Pt2Error(
         f"refusing to load {archive.path}: member {member}: {e}; export writes only symbols, "
-        "integers, arithmetic and shape functions there, and anything else would run as Python",
+        "integers, arithmetic, shape functions and plain names there, and anything else would "
+        "run as Python",
         member=member,
         unsafe=True,
     )
@@ -249,6 +251,7 @@ def _check_expressions(program: dict[str, Any]) -> None:
     for guard in guards:
         guard_expression(guard, "guard")
     _check_symbolic(program)
+    program_names(program)
 
 
 def _check_symbolic(tree: Any) -> None:

@@ -8,6 +8,12 @@ Two kinds of string in a program's JSON become code when torch loads or runs it:
 * every ``guards_code`` line is pasted into a Python function that ``ep.module()`` executes:
   ``guard_expression`` checks them.
 
+Names are a third kind: ``ep.module()`` writes parameter and buffer names, submodule paths,
+argument names and constant string inputs into the Python source it generates (``getattr(self,
+"NAME")``, ``def forward(self, NAME)``, a guard ``L['mode'] == 'VALUE'``): ``program_names``
+refuses quotes, backslashes and control characters there, argument names that are not
+identifiers, and constant inputs of the wrong type.
+
 Each string is parsed with :mod:`ast` (``mode="eval"``) and every node must be in an
 allow-list: integer literals, symbols (``s0``, ``u3``, ...), arithmetic, comparisons and the
 function names torch's serializer and guard printer write (derived from torch's own
@@ -21,7 +27,7 @@ import functools
 import re
 from collections.abc import Callable
 
-__all__ = ["ExpressionError", "guard_expression", "sympy_expression"]
+__all__ = ["ExpressionError", "guard_expression", "program_names", "sympy_expression"]
 
 #: Longer than any expression export writes, short enough to parse at once.
 MAX_LENGTH = 100_000
@@ -406,3 +412,72 @@ def _module_function(func: ast.expr) -> bool:
     return (module == "math" and name in _GUARD_MATH) or (
         module == "torch" and name in _GUARD_TORCH
     )
+
+
+#: Keys whose string values torch writes into generated Python source (as get_attr targets,
+#: submodule paths, graph and argument names).
+_NAME_KEYS = frozenset(
+    [
+        "name",
+        "as_name",
+        "fqn",
+        "parameter_name",
+        "buffer_name",
+        "tensor_constant_name",
+        "custom_obj_name",
+        "user_input_name",
+        "target",
+    ]
+)
+_UNQUOTABLE = re.compile(r"[\x00-\x1f\x7f\"'\\]")
+
+
+def _check_name(text: object, what: str) -> None:
+    if isinstance(text, str) and _UNQUOTABLE.search(text):
+        raise ExpressionError(
+            f"{what} {_show(text)} holds a quote, backslash or control character, which torch "
+            "would write into Python source"
+        )
+
+
+def _check_graph_inputs(inputs: object) -> None:
+    """A graph's constant inputs become guards (``L['k'] == 3``, ``L['mode'] == 'a'``)."""
+    for entry in inputs if isinstance(inputs, list) else ():
+        if not isinstance(entry, dict) or len(entry) != 1:
+            continue
+        ((kind, value),) = entry.items()
+        ok = {
+            "as_int": lambda v: type(v) is int,
+            "as_bool": lambda v: type(v) is bool,
+            "as_float": lambda v: type(v) in (int, float) or v in ("Infinity", "-Infinity", "NaN"),
+            "as_string": lambda v: isinstance(v, str) and not _UNQUOTABLE.search(v),
+        }.get(kind, lambda v: True)(value)
+        if not ok:
+            raise ExpressionError(
+                f"constant input {kind} {_show(repr(value), 80)} is not a plain {kind[3:]} "
+                "(torch would write it into a guard's Python source)"
+            )
+
+
+def program_names(program: object) -> None:
+    """Refuse (:class:`ExpressionError`) a program whose names or constant inputs would
+    change the Python source ``ep.module()`` generates (see the module docstring)."""
+    stack: list[object] = [program]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in _NAME_KEYS:
+                _check_name(value, key.replace("_", " "))
+            elif key == "forward_arg_names" and isinstance(value, list):
+                for name in value:
+                    if not (isinstance(name, str) and name.isidentifier()):
+                        raise ExpressionError(f"argument name {_show(str(name))} is not a name")
+            elif key == "inputs" and "nodes" in node:
+                _check_graph_inputs(value)
+            if isinstance(value, (dict, list)):
+                stack.append(value)
