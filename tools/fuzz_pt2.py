@@ -6,8 +6,10 @@ The interface ``tools/fuzz.py`` and ``tests/targets/test_pt2_fuzz.py`` use:
     One mutant of the archive ``data`` (a ``torch.export.save`` file): bytes flipped in a
     JSON member, a member dropped or duplicated, a JSON field given another type or nested
     thousands deep, an expression string (symbolic size, range constraint, guard) replaced
-    with random Python that would write a marker file, a pickle that would write it, a native
-    library under ``data/aotinductor/``, or the file truncated. One to three of these.
+    with random Python that would write a marker file, a name or constant input that would
+    escape its quotes in the Python ``ep.module()`` generates, a pickle that would write the
+    marker, a native library under ``data/aotinductor/``, or the file truncated. One to three
+    of these.
 
 ``check_mutant(path: str | os.PathLike) -> str | None``
     Load the file at ``path`` with ``fxpass.targets.pt2.load`` (and, when it loads, build and
@@ -16,7 +18,8 @@ The interface ``tools/fuzz.py`` and ``tests/targets/test_pt2_fuzz.py`` use:
     (:data:`MARKER`) must never appear.
 
 ``seed_pt2() -> bytes``
-    A small program with dynamic sizes (ranges, guards, sliced sizes) to mutate.
+    A small program with dynamic sizes (ranges, guards, sliced sizes) and a constant string
+    input (which becomes a guard) to mutate.
 """
 
 from __future__ import annotations
@@ -242,6 +245,29 @@ def _hostile_expression(tree: Any, rng: random.Random) -> Any:
     return tree
 
 
+_NAME_KEYS = ("name", "parameter_name", "buffer_name", "fqn", "target", "as_string")
+
+
+def _hostile_name(tree: Any, rng: random.Random) -> Any:
+    """A name or constant string torch writes into generated Python, with a quote-escape."""
+    slots = [(n, k) for n, k in _nodes(tree) if k in _NAME_KEYS or k == "forward_arg_names"]
+    if not slots:
+        return tree
+    node, key = rng.choice(slots)
+    touch = _touch_code().replace("'", '"')
+    payload = rng.choice(
+        [
+            f"a' == '' or {_touch_code()} or '",
+            f'w"), {touch}, getattr(self, "w',
+            f"x={_touch_code()}",
+            "a\nb",
+            "a\rb",
+        ]
+    )
+    node[key] = [payload] if key == "forward_arg_names" else payload
+    return tree
+
+
 def _drop_member(members: list, rng: random.Random) -> None:
     if len(members) > 1:
         del members[rng.randrange(len(members))]
@@ -305,6 +331,7 @@ _MEMBER_MUTATIONS = [
     lambda m, r: _edit_json(m, r, _deepen),
     lambda m, r: _edit_json(m, r, _hostile_expression),
     lambda m, r: _edit_json(m, r, _hostile_expression),
+    lambda m, r: _edit_json(m, r, _hostile_name),
 ]
 
 
@@ -352,7 +379,7 @@ def check_mutant(path: str | os.PathLike) -> str | None:
 
 
 def seed_pt2() -> bytes:
-    """A small exported program with symbolic sizes, ranges and guards."""
+    """A small exported program with symbolic sizes, ranges, guards and a constant string input."""
     import torch
     from torch.export import Dim
 
@@ -362,16 +389,17 @@ def seed_pt2() -> bytes:
             self.lin = torch.nn.Linear(4, 4)
             self.register_buffer("scale", torch.linspace(1, 2, 4))
 
-        def forward(self, x, y):
+        def forward(self, x, y, mode: str):
             n = x.shape[0]
             z = self.lin(x) * self.scale
+            z = z * 2 if mode == "double" else z
             return z.sum() + y[: n // 2 + 1].sum(), torch.cat([x[:, 0], y[:, 0]])
 
     torch.manual_seed(0)
     ep = torch.export.export(
         Seed(),
-        (torch.randn(6, 4), torch.randn(13, 4)),
-        dynamic_shapes={"x": {0: Dim.AUTO}, "y": {0: Dim.AUTO}},
+        (torch.randn(6, 4), torch.randn(13, 4), "double"),
+        dynamic_shapes={"x": {0: Dim.AUTO}, "y": {0: Dim.AUTO}, "mode": None},
     )
     buffer = io.BytesIO()
     torch.export.save(ep, buffer)
