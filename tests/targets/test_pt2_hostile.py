@@ -610,3 +610,23 @@ def test_plain_constant_inputs_load_and_run(modal, marker):
     with pytest.raises(AssertionError, match="Guard failed"):  # the guard, as torch wrote it
         ep.module()(x, "b", 3)
     assert not marker.exists()
+
+
+class Keyed(torch.nn.Module):
+    def forward(self, d):
+        return d["a"] * 2
+
+
+def test_a_sample_input_key_that_would_be_python_is_refused(tmp_path, marker):
+    """Before: ``ep.module()`` wrote the input's path (``d['KEY']``) into a guard's message, a
+    string literal the key could close, and the first call ran the rest."""
+    good = tmp_path / "keyed.pt2"
+    torch.export.save(torch.export.export(Keyed(), ({"a": torch.randn(3)},)), good)
+    key = f'a" + str({touch(marker)}) + "'.replace("'", '"')
+    body = _torch_saved((({key: torch.randn(3)},), {}))
+    member = "data/sample_inputs/model.pt"
+    bad = rewrite(good, tmp_path / "bad.pt2", lambda n, b: body if n == member else b)
+    assert refused(bad, marker, member).unsafe
+    ep = load(good)
+    x = torch.randn(3)
+    torch.testing.assert_close(ep.module()({"a": x}), x * 2)

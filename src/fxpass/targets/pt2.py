@@ -74,6 +74,33 @@ def _check_against_graph(ep: ExportedProgram, path: Path) -> None:
             )
 
 
+_UNQUOTABLE = re.compile(r"[\x00-\x1f\x7f\"\\]")
+
+
+def _check_example_inputs(ep: ExportedProgram, archive: Archive) -> None:
+    """The sample inputs' keys are plain: ``ep.module()`` writes each input's path
+    (``d['key']``) into the Python source of its guards, inside a string literal."""
+    member = archive.member("data/sample_inputs/model.pt")
+    try:
+        paths = [pytree.keystr(p) for p, _ in pytree.tree_leaves_with_path(ep.example_inputs)]
+    except (RecursionError, TypeError, ValueError) as e:
+        raise Pt2Error(
+            f"{archive.path} is damaged: member {member}: the sample inputs cannot be walked "
+            f"({error_summary(e)})",
+            member=member,
+        ) from e
+    for text in paths:
+        if _UNQUOTABLE.search(text):
+            shown = text if len(text) <= 80 else text[:80] + "..."
+            raise Pt2Error(
+                f"refusing to load {archive.path}: member {member}: the sample input at "
+                f"{shown!r} has a key with a quote, backslash or control character, which "
+                "ep.module() would write into Python source",
+                member=member,
+                unsafe=True,
+            )
+
+
 def _describe(t: torch.Tensor) -> str:
     return f"{str(t.dtype).replace('torch.', '')} {list(t.shape)}"
 
@@ -478,4 +505,5 @@ def load(path: str | os.PathLike, *, imports: Sequence[str] = ()) -> ExportedPro
     except Exception as e:  # any fault of a malformed archive: one line naming its member
         raise _cause(e, path, allowed, reading.member if reading else None) from e
     _check_against_graph(ep, path)
+    _check_example_inputs(ep, archive)
     return ep
