@@ -630,3 +630,25 @@ def test_a_sample_input_key_that_would_be_python_is_refused(tmp_path, marker):
     ep = load(good)
     x = torch.randn(3)
     torch.testing.assert_close(ep.module()({"a": x}), x * 2)
+
+
+def test_a_graph_name_that_would_be_python_is_refused(saved, tmp_path, marker):
+    """Before: torch set the name as the FX node's name unchanged, FX wrote
+    ``def forward(self, x=<code>)`` while torch loaded the program, and the default ran on
+    load. The payload needs no quotes (``chr``), so only "an identifier" keeps it out."""
+    path = "+".join(f"chr({ord(c)})" for c in str(marker))
+    name = (
+        "x=getattr(getattr(__import__(chr(112)+chr(97)+chr(116)+chr(104)+chr(108)+chr(105)"
+        f"+chr(98)),chr(80)+chr(97)+chr(116)+chr(104))({path}),"
+        "chr(116)+chr(111)+chr(117)+chr(99)+chr(104))()"
+    )
+
+    def edit(member, body):
+        if member != "models/model.json":
+            return body
+        tree = json.loads(body.replace(b'"x"', json.dumps(name).encode()))
+        tree["graph_module"]["module_call_graph"][0]["signature"]["forward_arg_names"] = ["x", "y"]
+        return json.dumps(tree).encode()
+
+    bad = rewrite(saved["derived"], tmp_path / "bad.pt2", edit)
+    assert "is not an identifier" in str(refused(bad, marker, "models/model.json"))

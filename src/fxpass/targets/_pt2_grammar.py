@@ -8,11 +8,13 @@ Two kinds of string in a program's JSON become code when torch loads or runs it:
 * every ``guards_code`` line is pasted into a Python function that ``ep.module()`` executes:
   ``guard_expression`` checks them.
 
-Names are a third kind: ``ep.module()`` writes parameter and buffer names, submodule paths,
-argument names and constant string inputs into the Python source it generates (``getattr(self,
-"NAME")``, ``def forward(self, NAME)``, a guard ``L['mode'] == 'VALUE'``): ``program_names``
-refuses quotes, backslashes and control characters there, argument names that are not
-identifiers, and constant inputs of the wrong type.
+Names are a third kind: FX writes graph value names into the ``forward`` it generates while
+torch loads the program (``def forward(self, NAME)``: a name ``x=<code>`` ran that code on
+load), and ``ep.module()`` writes parameter and buffer names, submodule paths, argument names
+and constant string inputs into Python source (``getattr(self, "NAME")``, a guard
+``L['mode'] == 'VALUE'``): ``program_names`` refuses graph names and argument names that are
+not identifiers, quotes, backslashes and control characters in the others, and constant
+inputs of the wrong type.
 
 Each string is parsed with :mod:`ast` (``mode="eval"``) and every node must be in an
 allow-list: integer literals, symbols (``s0``, ``u3``, ...), arithmetic, comparisons and the
@@ -414,12 +416,14 @@ def _module_function(func: ast.expr) -> bool:
     )
 
 
-#: Keys whose string values torch writes into generated Python source (as get_attr targets,
-#: submodule paths, graph and argument names).
+#: Graph value names: torch sets them as FX node names without cleaning them, and FX writes
+#: them into the generated ``forward`` (``def forward(self, NAME)``), so they must be
+#: identifiers ("" is a positional argument of a higher-order op).
+_IDENTIFIER_KEYS = frozenset({"name", "as_name"})
+#: Keys whose string values torch writes into generated Python source inside quotes
+#: (get_attr targets, submodule paths).
 _NAME_KEYS = frozenset(
     [
-        "name",
-        "as_name",
         "fqn",
         "parameter_name",
         "buffer_name",
@@ -471,7 +475,13 @@ def program_names(program: object) -> None:
         if not isinstance(node, dict):
             continue
         for key, value in node.items():
-            if key in _NAME_KEYS:
+            if key in _IDENTIFIER_KEYS:
+                if not (value == "" or (isinstance(value, str) and value.isidentifier())):
+                    raise ExpressionError(
+                        f"graph name {_show(str(value))} is not an identifier (torch writes it "
+                        "into Python source as a variable)"
+                    )
+            elif key in _NAME_KEYS:
                 _check_name(value, key.replace("_", " "))
             elif key == "forward_arg_names" and isinstance(value, list):
                 for name in value:
