@@ -9,6 +9,7 @@ member."""
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import pickle
@@ -652,3 +653,50 @@ def test_a_graph_name_that_would_be_python_is_refused(saved, tmp_path, marker):
 
     bad = rewrite(saved["derived"], tmp_path / "bad.pt2", edit)
     assert "is not an identifier" in str(refused(bad, marker, "models/model.json"))
+
+
+# ----- namedtuple outputs of a type this process does not know ---------------------------------
+Pair = collections.namedtuple("Pair", ["a", "b"])
+torch.utils._pytree._register_namedtuple(Pair, serialized_type_name="fxpass_tests.hostile.Pair")
+
+
+class Paired(torch.nn.Module):
+    def forward(self, x):
+        return Pair(x * 2, x + 1)
+
+
+@pytest.fixture(scope="session")
+def unknown_namedtuple(tmp_path_factory) -> Path:
+    """A program returning a namedtuple whose serialized name no process registers."""
+    folder = tmp_path_factory.mktemp("namedtuple")
+    torch.export.save(torch.export.export(Paired(), (torch.randn(3),)), folder / "known.pt2")
+    return rewrite(
+        folder / "known.pt2",
+        folder / "unknown.pt2",
+        lambda n, b: b.replace(b"fxpass_tests.hostile.Pair", b"elsewhere.Unknown"),
+    )
+
+
+def test_an_unknown_namedtuple_loads_as_a_stand_in(unknown_namedtuple):
+    ep = load(unknown_namedtuple)
+    x = torch.randn(3)
+    out = ep.module()(x)
+    torch.testing.assert_close(out.a, x * 2)
+    torch.testing.assert_close(out.b, x + 1)
+
+
+def test_namedtuple_fields_that_are_not_names_are_one_pt2error(
+    unknown_namedtuple, tmp_path, marker
+):
+    """collections.namedtuple refuses them (ValueError) before it would eval them."""
+
+    def edit(name, body):
+        if name != "models/model.json":
+            return body
+        tree = json.loads(body.replace(b"elsewhere.Unknown", b"elsewhere.BadFields"))
+        for fields in tree["graph_module"]["treespec_namedtuple_fields"].values():
+            fields["field_names"] = ["a b", "c=__import__('os')"]
+        return json.dumps(tree).encode()
+
+    bad = rewrite(unknown_namedtuple, tmp_path / "bad.pt2", edit)
+    refused(bad, marker, "models/model.json")

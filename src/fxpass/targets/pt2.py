@@ -257,8 +257,11 @@ def _named_types(archive: Archive) -> tuple[set[str], dict[str, list[str]]]:
             if not isinstance(node, dict):
                 continue
             if node.get("type") == "collections.namedtuple":
+                context = node.get("context")  # the type's name, plain or JSON-quoted
                 with contextlib.suppress(TypeError, ValueError, RecursionError):
-                    names.add("namedtuple:" + json.loads(node["context"]))
+                    context = json.loads(context)
+                if isinstance(context, str) and context:
+                    names.add("namedtuple:" + context)
             elif isinstance(node.get("type"), str) and node["type"]:
                 names.add(node["type"])
             children = node.get("children_spec", ())
@@ -493,7 +496,13 @@ def load(path: str | os.PathLike, *, imports: Sequence[str] = ()) -> ExportedPro
             import_modules([module])
         except Exception as e:
             raise Pt2Error(f"cannot import {module}: {type(e).__name__}: {e}") from e
-    _provide_types(archive, allowed)
+    try:
+        _provide_types(archive, allowed)
+    except Pt2Error:
+        raise
+    except Exception as e:  # a type name or field list fxpass cannot stand in for: one line
+        program = next(iter(archive.programs), None)
+        raise _cause(e, path, allowed, archive.member(program) if program else None) from e
     reading: _Reading | None = None
     try:
         with quiet(), _no_pickle(allowed), _reading(archive) as reading:
