@@ -406,12 +406,12 @@ def seed_pt2() -> bytes:
     return buffer.getvalue()
 
 
-if __name__ == "__main__":  # a quick standalone run: python tools/fuzz_pt2.py [N [FOLDER]]
+if __name__ == "__main__":  # a quick standalone run: python tools/fuzz_pt2.py [N [FOLDER [SEED]]]
     import sys
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     keep = Path(sys.argv[2] if len(sys.argv) > 2 else "fuzz-pt2-failures")
-    seed, rng, bad = seed_pt2(), random.Random(0), 0
+    seed, rng, bad = seed_pt2(), random.Random(int(sys.argv[3]) if len(sys.argv) > 3 else 0), 0
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             mutant = Path(tmp) / f"mutant{i}.pt2"
