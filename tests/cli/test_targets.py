@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import _hf
@@ -138,3 +140,62 @@ def test_the_current_folder_is_on_the_import_path_in_every_command(
         monkeypatch.delitem(sys.modules, name, raising=False)
     r = in_process(args, capsys, monkeypatch)
     assert r.code == 0, r.err
+
+
+# ----- hostile and malformed .pt2 files: one line, exit 3, nothing run, nothing written --------
+def _hostile_size(marker: Path) -> Callable[[dict], None]:
+    def change(program: dict) -> None:
+        values = program["graph_module"]["graph"]["tensor_values"]
+        first = next(iter(values.values()))
+        text = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+        first["sizes"][0] = {"as_expr": {"expr_str": text, "hint": None}}
+
+    return change
+
+
+def _edit_program(src: Path, dst: Path, change: Callable[[dict], None] | None, raw=None) -> None:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            body = zin.read(info)
+            if info.filename.endswith("models/model.json"):
+                if raw is not None:
+                    body = raw
+                else:
+                    program = json.loads(body)
+                    change(program)
+                    body = json.dumps(program).encode()
+            zout.writestr(info, body)
+
+
+HOSTILE_FILES = {
+    "expression": ("symbolic expression", None),
+    "deep json": ("nested too deep", b"[" * 10_000 + b"]" * 10_000),
+    "wrong type": ("is not an exported program", b"[1, 2]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_FILES))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "bad.pt2"],
+        ["run", "bad.pt2", "-p", "cse", "-o", "out.pt2"],
+        ["diff", "bad.pt2", "tiny.pt2"],
+        ["bisect", "bad.pt2", "-p", "cse"],
+        ["shard", "bad.pt2", "--tp", "2", "-o", "shards"],
+    ],
+    ids=["show", "run", "diff", "bisect", "shard"],
+)
+def test_a_hostile_or_malformed_pt2_is_one_line_in_every_command(
+    work: Path, case, args, capsys, monkeypatch
+):
+    marker = work / "ran"
+    text, raw = HOSTILE_FILES[case]
+    _edit_program(work / "tiny.pt2", work / "bad.pt2", _hostile_size(marker), raw)
+    monkeypatch.chdir(work)
+    r = in_process(args, capsys, monkeypatch)
+    assert r.code == 3, r
+    line = one_line_error(r)
+    assert text in line and "models/model.json" in line, line
+    assert not marker.exists()
+    assert not (work / "out.pt2").exists() and not (work / "shards").exists()

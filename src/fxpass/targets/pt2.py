@@ -1,15 +1,21 @@
 """Reading ``.pt2`` archives that ``torch.export.save`` wrote: checked, faithful, no code run.
 
-:func:`load` is ``torch.export.load`` with four differences:
+:func:`load` is ``torch.export.load`` with these differences:
 
-* **Integrity first.** Every member of the zip archive must pass its CRC-32, and every
-  weight and constant must hold at least the bytes its shape, strides and dtype need
-  (:func:`check_archive`); after loading, each one must have the shape and dtype the
-  program's graph expects. A damaged file is refused with a :class:`Pt2Error` naming the
-  member, before anything runs.
-* **No pickles.** Tensors load with ``torch.load(weights_only=True)``; a file that needs
-  anything else (pickled Python objects, which can run code) is refused. Contexts that name
-  an enum load only when its module is already imported or the caller allowed it.
+* **Checked before torch reads it** (``_pt2_archive``). Every member must pass its CRC-32,
+  appear once, sit in the archive's folder; every weight and constant must hold the bytes
+  its shape, strides and dtype need (after loading, also the shape and dtype the graph
+  expects); the JSON torch parses must be UTF-8 JSON of a readable depth. A damaged file is
+  refused with a :class:`Pt2Error` naming the member, before anything runs.
+* **No code from the file runs.** Every string torch would evaluate (symbolic sizes and
+  values, which torch hands to ``sympy.sympify``; range-constraint names; guards, which
+  ``ep.module()`` pastes into Python) must be in the grammar export writes
+  (``_pt2_grammar``); AOTInductor packages and native-code members are refused, never
+  dlopen'ed. Tensors load with ``torch.load(weights_only=True)``; a file that needs anything
+  else (pickled Python objects, which can run code) is refused. Contexts that name an enum
+  load only when its module is already imported or the caller allowed it.
+* **One line per fault.** Whatever torch itself then trips on in a malformed file becomes a
+  :class:`Pt2Error` naming the member it was reading, never another exception.
 * **Types the process does not know.** A program whose inputs or outputs are pytree node
   types registered only by another package — a Hugging Face ``CausalLMOutputWithPast``
   (registered when ``transformers.modeling_outputs`` is imported), a user dataclass — loads
@@ -35,7 +41,6 @@ import re
 import sys
 import types
 import warnings
-import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,112 +49,11 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from ..core.errors import FxpassError
 from ..core.imports import import_modules, op_registrars
 from ..fxutil.messages import error_summary
+from ._pt2_archive import Archive, Pt2Error, check_archive, read_archive
 
 __all__ = ["Pt2Error", "StandIn", "check_archive", "load", "quiet", "stand_in_types"]
-
-_CHUNK = 1 << 20
-
-
-class Pt2Error(FxpassError):
-    """A ``.pt2`` file cannot be loaded: damaged, unsafe, or it needs something this process
-    lacks. ``member`` names the archive member at fault, when there is one."""
-
-    def __init__(self, message: str, *, member: str | None = None, unsafe: bool = False) -> None:
-        super().__init__(message)
-        self.member = member
-        self.unsafe = unsafe
-
-
-# ----- integrity ------------------------------------------------------------------------------
-def check_archive(path: str | os.PathLike) -> None:
-    """Refuse (:class:`Pt2Error`) an archive with a member that fails its checksum, or a
-    weight or constant stored in fewer bytes than its shape, strides and dtype need.
-
-    Reads every byte once (CRC-32 runs at disk speed)."""
-    path = Path(path)
-    if not zipfile.is_zipfile(path):
-        with open(path, "rb") as f:
-            head = f.read(4)
-        if head == b"PK\x03\x04":
-            raise Pt2Error(
-                f"{path} is truncated: the zip directory at its end is missing (the file "
-                f"is {path.stat().st_size} bytes; copy or save it again)"
-            )
-        raise Pt2Error(f"{path} is not a .pt2 archive (not a zip file)")
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
-            for info in infos:
-                _check_member(zf, info, path)
-            for config in [i.filename for i in infos if i.filename.endswith("_config.json")]:
-                _check_payload_sizes(zf, config, path)
-    except zipfile.BadZipFile as e:
-        raise Pt2Error(f"{path} is damaged: {e}") from e
-
-
-def _check_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> None:
-    try:
-        with zf.open(info) as f:  # zipfile checks the CRC-32 when it reaches the end
-            while f.read(_CHUNK):
-                pass
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-        what = "fails its checksum" if "CRC" in str(e) else f"cannot be read ({e})"
-        raise Pt2Error(
-            f"{path} is damaged: member {info.filename} {what}; nothing was loaded",
-            member=info.filename,
-        ) from e
-
-
-def _check_payload_sizes(zf: zipfile.ZipFile, config: str, path: Path) -> None:
-    """Each weight / constant member holds the bytes its tensor metadata needs."""
-    from torch._export.serde.schema import ScalarType
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
-
-    try:
-        entries = json.loads(zf.read(config))["config"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise Pt2Error(f"{path} is damaged: member {config} is not valid JSON ({e})") from e
-    folder = config.rsplit("/", 1)[0]
-    names = set(zf.namelist())
-    for fqn, entry in entries.items():
-        meta = entry.get("tensor_meta")
-        if entry.get("use_pickle") or not meta:
-            continue
-        member = f"{folder}/{entry['path_name']}"
-        if member not in names:
-            raise Pt2Error(
-                f"{path} is damaged: tensor '{fqn}' is stored in member {member}, which the "
-                "archive does not have",
-                member=member,
-            )
-        dtype = _SERIALIZE_TO_TORCH_DTYPE[ScalarType(meta["dtype"])]
-        need = _bytes_needed(meta, dtype.itemsize)
-        have = zf.getinfo(member).file_size
-        if need is None:
-            continue  # symbolic sizes: torch checks them when it builds the view
-        if have < need or have % dtype.itemsize:
-            shape = [s.get("as_int") for s in meta["sizes"]]
-            raise Pt2Error(
-                f"{path} is damaged: member {member} holds {have} bytes, but tensor '{fqn}' "
-                f"({str(dtype).replace('torch.', '')} {shape}) needs {need}; nothing was loaded",
-                member=member,
-            )
-
-
-def _bytes_needed(meta: dict[str, Any], itemsize: int) -> int | None:
-    try:
-        sizes = [int(s["as_int"]) for s in meta["sizes"]]
-        strides = [int(s["as_int"]) for s in meta["strides"]]
-        offset = int(meta.get("storage_offset", {"as_int": 0})["as_int"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if any(s == 0 for s in sizes):
-        return 0
-    last = offset + sum((s - 1) * st for s, st in zip(sizes, strides))
-    return (last + 1) * itemsize
 
 
 def _check_against_graph(ep: ExportedProgram, path: Path) -> None:
@@ -167,6 +71,33 @@ def _check_against_graph(ep: ExportedProgram, path: Path) -> None:
                 f"{path} is damaged: tensor '{spec.target}' is stored as "
                 f"{_describe(value)}, but the program's graph expects {_describe(val)}; "
                 "nothing was loaded"
+            )
+
+
+_UNQUOTABLE = re.compile(r"[\x00-\x1f\x7f\"\\]")
+
+
+def _check_example_inputs(ep: ExportedProgram, archive: Archive) -> None:
+    """The sample inputs' keys are plain: ``ep.module()`` writes each input's path
+    (``d['key']``) into the Python source of its guards, inside a string literal."""
+    member = archive.member("data/sample_inputs/model.pt")
+    try:
+        paths = [pytree.keystr(p) for p, _ in pytree.tree_leaves_with_path(ep.example_inputs)]
+    except (RecursionError, TypeError, ValueError) as e:
+        raise Pt2Error(
+            f"{archive.path} is damaged: member {member}: the sample inputs cannot be walked "
+            f"({error_summary(e)})",
+            member=member,
+        ) from e
+    for text in paths:
+        if _UNQUOTABLE.search(text):
+            shown = text if len(text) <= 80 else text[:80] + "..."
+            raise Pt2Error(
+                f"refusing to load {archive.path}: member {member}: the sample input at "
+                f"{shown!r} has a key with a quote, backslash or control character, which "
+                "ep.module() would write into Python source",
+                member=member,
+                unsafe=True,
             )
 
 
@@ -306,33 +237,40 @@ def stand_in_types(ep: ExportedProgram) -> list[str]:
     return found
 
 
-def _named_types(zf: zipfile.ZipFile) -> tuple[set[str], dict[str, list[str]]]:
-    """Every pytree type name the archive's programs use, and the namedtuples' fields."""
+def _named_types(archive: Archive) -> tuple[set[str], dict[str, list[str]]]:
+    """Every pytree type name the archive's programs use, and the namedtuples' fields
+    (a field of an unexpected type is skipped here: torch's own reading reports it)."""
     names: set[str] = set()
     namedtuples: dict[str, list[str]] = {}
-
-    def walk(node: Any) -> None:
-        if not isinstance(node, dict):
-            return
-        if node.get("type") == "collections.namedtuple":
-            with contextlib.suppress(TypeError, ValueError):
-                names.add("namedtuple:" + json.loads(node["context"]))
-        elif node.get("type"):
-            names.add(node["type"])
-        for child in node.get("children_spec", ()):
-            walk(child)
-
-    for member in zf.namelist():
-        if not re.search(r"(^|/)models/[^/]+\.json$", member):
-            continue
-        module = json.loads(zf.read(member)).get("graph_module", {})
-        for entry in module.get("module_call_graph", ()):
+    for program in archive.programs.values():
+        module = program.get("graph_module", {})
+        specs: list[Any] = []
+        entries = module.get("module_call_graph")
+        for entry in entries if isinstance(entries, list) else ():
+            signature = entry.get("signature") if isinstance(entry, dict) else None
             for key in ("in_spec", "out_spec"):
-                text = (entry.get("signature") or {}).get(key)
-                with contextlib.suppress(TypeError, ValueError, IndexError):
-                    walk(json.loads(text)[1])
-        for name, fields in (module.get("treespec_namedtuple_fields") or {}).items():
-            namedtuples[name] = list(fields.get("field_names", ()))
+                text = signature.get(key) if isinstance(signature, dict) else None
+                with contextlib.suppress(TypeError, ValueError, IndexError, RecursionError):
+                    specs.append(json.loads(text)[1])
+        while specs:  # no recursion: a deep spec is torch's to refuse, not a crash here
+            node = specs.pop()
+            if not isinstance(node, dict):
+                continue
+            if node.get("type") == "collections.namedtuple":
+                context = node.get("context")  # the type's name, plain or JSON-quoted
+                with contextlib.suppress(TypeError, ValueError, RecursionError):
+                    context = json.loads(context)
+                if isinstance(context, str) and context:
+                    names.add("namedtuple:" + context)
+            elif isinstance(node.get("type"), str) and node["type"]:
+                names.add(node["type"])
+            children = node.get("children_spec", ())
+            specs.extend(children if isinstance(children, list) else ())
+        fields = module.get("treespec_namedtuple_fields")
+        for name, value in (fields if isinstance(fields, dict) else {}).items():
+            field_names = value.get("field_names", ()) if isinstance(value, dict) else ()
+            if isinstance(field_names, list) and all(isinstance(f, str) for f in field_names):
+                namedtuples[name] = field_names
     return names, namedtuples
 
 
@@ -340,11 +278,11 @@ def _allowed(module: str, allowed: Sequence[str]) -> bool:
     return any(module == a or module.startswith(a + ".") for a in allowed)
 
 
-def _provide_types(path: Path, allowed: Sequence[str]) -> None:
+def _provide_types(archive: Archive, allowed: Sequence[str]) -> None:
     """Import the defining modules of unknown types inside ``allowed`` packages; give every
     type still unknown a stand-in."""
-    with zipfile.ZipFile(path) as zf:
-        names, namedtuples = _named_types(zf)
+    path = archive.path
+    names, namedtuples = _named_types(archive)
     known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
     for raw in sorted(names):
         name = raw.removeprefix("namedtuple:")
@@ -423,8 +361,65 @@ def quiet() -> Iterator[None]:
 _UNKNOWN_OP = re.compile(r"resolve (torch\.ops\.[\w.]+?)(?:\.default)? to an operator")
 
 
-def _cause(e: BaseException, path: Path, allowed: Sequence[str]) -> Pt2Error:
-    """The one-line error for a load that failed: the real cause and what to do."""
+class _Reading:
+    """Which member of the archive torch was reading, for the error when it fails."""
+
+    def __init__(self, archive: Archive) -> None:
+        self.archive = archive
+        self.name: str | None = None
+        self.read: dict[int, tuple[str, bytes]] = {}  # id(bytes torch read) -> member, bytes
+
+    @property
+    def member(self) -> str | None:
+        return self.archive.member(self.name) if self.name else None
+
+
+@contextlib.contextmanager
+def _reading(archive: Archive) -> Iterator[_Reading]:
+    """Follow torch's reading of ``archive``: each member it reads, the program's JSON once
+    its tensors are read, and the sample inputs while they are unpickled."""
+    from torch._export.serde import serialize
+    from torch.export.pt2_archive import _package
+
+    reading = _Reading(archive)
+    reader = _package.PT2ArchiveReader
+    saved = (reader.read_bytes, _package._load_constants, serialize.deserialize_torch_artifact)
+    real_bytes, real_constants, real_artifact = saved
+
+    def read_bytes(self: Any, name: str) -> bytes:
+        reading.name = name
+        data = real_bytes(self, name)
+        reading.read[id(data)] = (name, data)
+        return data
+
+    def load_constants(archive_reader: Any, model_name: str) -> Any:
+        constants = real_constants(archive_reader, model_name)
+        reading.name = f"models/{model_name}.json"  # what torch deserializes next
+        return constants
+
+    def deserialize_artifact(serialized: Any) -> Any:
+        found = reading.read.get(id(serialized))
+        if found is None or found[1] is not serialized:
+            return real_artifact(serialized)
+        previous, reading.name = reading.name, found[0]
+        result = real_artifact(serialized)
+        reading.name = previous
+        return result
+
+    reader.read_bytes = read_bytes  # type: ignore[method-assign]
+    _package._load_constants = load_constants
+    serialize.deserialize_torch_artifact = deserialize_artifact
+    try:
+        yield reading
+    finally:
+        reader.read_bytes, _package._load_constants, serialize.deserialize_torch_artifact = saved
+
+
+def _cause(
+    e: BaseException, path: Path, allowed: Sequence[str], member: str | None = None
+) -> Pt2Error:
+    """The one-line error for a load that failed: the member torch was reading, the real
+    cause and what to do."""
     import pickle
 
     chain = [e]
@@ -434,25 +429,33 @@ def _cause(e: BaseException, path: Path, allowed: Sequence[str]) -> Pt2Error:
             break
         chain.append(nxt)
     text = "\n".join(str(x) for x in chain)
+    where = f"member {member}: " if member else ""
     for x in chain:
         if isinstance(x, _Refused):
             return Pt2Error(
-                f"refusing to load {path}: {x}, which could run code; fxpass loads only plain "
-                "tensors from .pt2 files",
+                f"refusing to load {path}: {where}{x}, which could run code; fxpass loads only "
+                "plain tensors from .pt2 files",
+                member=member,
                 unsafe=True,
             )
         if isinstance(x, pickle.UnpicklingError):
             found = [ln.strip() for ln in str(x).splitlines() if "GLOBAL" in ln]
             what = f" ({found[0].rstrip('.')})" if found else ""
             return Pt2Error(
-                f"refusing to load {path}: it holds pickled Python objects{what}, which could "
-                "run code; fxpass loads only plain tensors from .pt2 files",
+                f"refusing to load {path}: {where}it holds pickled Python objects{what}, which "
+                "could run code; fxpass loads only plain tensors from .pt2 files",
+                member=member,
                 unsafe=True,
             )
     op = _UNKNOWN_OP.search(text)
     if op:
         return Pt2Error(_unknown_op_line(path, op.group(1)))
     root = chain[-1]
+    if member:
+        return Pt2Error(
+            f"cannot load {path}: reading member {member} failed: {error_summary(root)}",
+            member=member,
+        )
     return Pt2Error(f"cannot load {path}: {error_summary(root)}")
 
 
@@ -487,21 +490,29 @@ def load(path: str | os.PathLike, *, imports: Sequence[str] = ()) -> ExportedPro
 
     path = Path(path)
     allowed = list(imports)
-    check_archive(path)
+    archive = read_archive(path)
     for module in allowed:
         try:
             import_modules([module])
         except Exception as e:
             raise Pt2Error(f"cannot import {module}: {type(e).__name__}: {e}") from e
-    _provide_types(path, allowed)
     try:
-        with quiet(), _no_pickle(allowed):
+        _provide_types(archive, allowed)
+    except Pt2Error:
+        raise
+    except Exception as e:  # a type name or field list fxpass cannot stand in for: one line
+        program = next(iter(archive.programs), None)
+        raise _cause(e, path, allowed, archive.member(program) if program else None) from e
+    reading: _Reading | None = None
+    try:
+        with quiet(), _no_pickle(allowed), _reading(archive) as reading:
             contents = load_pt2(str(path))
             if "model" not in contents.exported_programs:  # torch 2.7's layout
                 ep = torch.export.load(str(path))
             else:
                 ep = contents.exported_programs["model"]
-    except Exception as e:
-        raise _cause(e, path, allowed) from e
+    except Exception as e:  # any fault of a malformed archive: one line naming its member
+        raise _cause(e, path, allowed, reading.member if reading else None) from e
     _check_against_graph(ep, path)
+    _check_example_inputs(ep, archive)
     return ep
