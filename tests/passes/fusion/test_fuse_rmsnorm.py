@@ -21,6 +21,7 @@ from _fusion_helpers import (
 )
 
 import fxpass as fp
+from fxpass.fxutil.fx_internals import copy_sharing_specs
 from fxpass.passes.fusion.fuse_rmsnorm import RULES, fuse_rmsnorm
 from fxpass.rewrite import explain
 from fxpass.rewrite.constraint import value_of
@@ -41,7 +42,7 @@ _FACTORIES["gemma_qk"] = _block("gemma", qk_norm=True)
 
 
 @pytest.mark.parametrize("family", sorted(NORMS))
-@pytest.mark.parametrize("ir", ["export", "aot", "dynamo"])
+@pytest.mark.parametrize("ir", ["export", "export_raw", "aot", "dynamo"])
 def test_every_spelling_in_every_ir(family, ir):
     cap = Captured(_FACTORIES[family], ir)
     expected = cap.run()
@@ -120,7 +121,7 @@ def test_new_nodes_carry_values_and_provenance():
 
 
 @pytest.mark.parametrize("kind", sorted(LOOKALIKES))
-@pytest.mark.parametrize("ir", ["export", "dynamo"])
+@pytest.mark.parametrize("ir", ["export", "export_raw", "dynamo"])
 def test_lookalikes_are_left_alone(kind, ir):
     cap = Captured(_block(LOOKALIKES[kind]), ir)
     before = len(cap.gm.graph.nodes)
@@ -159,3 +160,52 @@ def test_same_outputs_under_torch_compile():
     model = _FACTORIES["llama_qk"]().eval()
     stats = compiled_matches_eager(model, inputs(torch.float32), "fuse_rmsnorm")
     assert stats["fuse_rmsnorm.rewrites"] == 4
+
+
+def _norm_sites(model, args) -> tuple[int, int]:
+    """(RMSNorm modules executed with a weight, without one) in an eager run of ``model``."""
+    seen: list[bool] = []
+    hooks = [
+        m.register_forward_hook(lambda mod, i, o: seen.append(getattr(mod, "with_scale", True)))
+        for m in model.modules()
+        if type(m).__name__.endswith("RMSNorm")
+    ]
+    with torch.no_grad():
+        model(*args)
+    for h in hooks:
+        h.remove()
+    return sum(seen), len(seen) - sum(seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_pow_spelled_families_fused_at_every_site(family, dtype):
+    """Gemma3n and Gemma4 spell the norm ``x * pow(mean(x**2) + eps, -0.5)``: every site with
+    a weight is fused, counted by the norm modules an eager run executes (Gemma3n's router
+    norm runs twice), in the graph export gives, in core ATen and in Dynamo's. The value
+    norms have no weight (``with_scale=False``): ``fxpass::rms_norm`` takes one, so they
+    stay as they are."""
+    import _hf
+    from _captures import _leaves, dynamo_capture
+
+    model = _hf.model(family, dtype=dtype)
+    ids = _hf.example_inputs()
+    weighted, unweighted = _norm_sites(model, ids)
+    assert weighted >= 16 and unweighted == 2
+    with torch.no_grad():
+        expected = _leaves(model(*ids))
+    ep = torch.export.export(model, ids, strict=False)
+    graphs = {"export": ep, "export_aten": copy_sharing_specs(ep).run_decompositions()}
+    for ir, program in graphs.items():
+        result = fp.Pipeline(["fuse_rmsnorm"]).run(program.graph_module)
+        assert count(program.graph_module, RMS) == weighted, ir
+        assert result.report.stats()["fuse_rmsnorm.rewrites"] == weighted
+        for got, want in zip(_leaves(program.module()(*ids)), expected):
+            assert_close(got, want, dtype)
+    gm, real = dynamo_capture(model, ids, "dynamo")
+    fuse_rmsnorm(gm)
+    gm.recompile()
+    assert count(gm, RMS) == weighted
+    with torch.no_grad():
+        for got, want in zip(_leaves(gm(*real)), expected):
+            assert_close(got, want, dtype)
