@@ -209,3 +209,54 @@ def test_pow_spelled_families_fused_at_every_site(family, dtype):
     with torch.no_grad():
         for got, want in zip(_leaves(gm(*real)), expected):
             assert_close(got, want, dtype)
+
+
+def _chain_then_norm(length: int, link) -> tuple[torch.fx.GraphModule, torch.Tensor, torch.Tensor]:
+    """A graph of ``length`` nodes made by ``link(node, i) -> (target, args)`` between the
+    input and a Llama RMSNorm (fake values computed once per distinct link: the links
+    repeat, and 3000 fake calls take seconds)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(6, 8), torch.randn(8)
+    gm = make_fx(lambda x, w: LlamaRMSNorm.forward(_WithWeight(w), x), tracing_mode="fake")(x, w)
+    graph = gm.graph
+    xin = next(iter(graph.find_nodes(op="placeholder")))
+    users = list(xin.users)
+    mode = xin.meta["val"].fake_mode
+    prev, vals = xin, {}
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    with graph.inserting_before(first), mode:
+        for i in range(length):
+            target, args = link(prev, i)
+            node = graph.call_function(target, args)
+            key = (target, str(args[1:]))  # the links repeat: compute each value once
+            if key not in vals:
+                vals[key] = target(*(a.meta["val"] if hasattr(a, "meta") else a for a in args))
+            node.meta["val"] = vals[key]
+            prev = node
+    for u in users:
+        u.replace_input_with(xin, prev)
+    gm.recompile()
+    return gm, x, w
+
+
+class _WithWeight:
+    def __init__(self, w):
+        self.weight, self.variance_epsilon = w, 1e-6
+
+
+_LINKS = {
+    "adds": lambda node, i: (torch.ops.aten.add.Tensor, (node, 1.0)),
+    "views": lambda node, i: (torch.ops.aten.view.default, (node, [6, 8] if i % 2 else [2, 3, 8])),
+}
+
+
+@pytest.mark.parametrize("link", sorted(_LINKS))
+def test_a_norm_after_a_chain_of_3000_nodes(link):
+    """No recursion along a deep graph: the matcher, ``P.through`` (3000 views in front of
+    the norm) and the rewriter stop at what the pattern needs."""
+    gm, x, w = _chain_then_norm(3000, _LINKS[link])
+    expected = gm(x, w)
+    assert fp.Pipeline(["fuse_rmsnorm"]).run(gm).report.stats()["fuse_rmsnorm.rewrites"] == 1
+    gm.graph.lint()
+    torch.testing.assert_close(gm(x, w), expected, rtol=1e-5, atol=1e-5)
