@@ -67,6 +67,20 @@ def test_norms_in_both_branches_of_a_cond_are_fused(decompose):
         assert_close(ep.module()(_X, _R, flag), model(_X, _R, flag), torch.bfloat16)
 
 
+def test_norms_in_the_branches_of_a_dynamo_graph_are_fused():
+    from _captures import dynamo_capture
+
+    torch.manual_seed(0)
+    model = CondNorms().eval()
+    args = (_X.float(), _R.float(), torch.ones(2))
+    gm, real = dynamo_capture(model, args, "dynamo")
+    result = fp.Pipeline(["fuse_rmsnorm"]).run(gm)
+    assert result.report.stats()["fuse_rmsnorm.rewrites"] == 3
+    assert _sites(gm, F.rms_norm.default) == 3 and count(gm, F.rms_norm.default) == 1
+    gm.recompile()
+    torch.testing.assert_close(gm(*real)[0], model(*args), rtol=1e-5, atol=1e-5)
+
+
 def test_norm_in_a_map_body_is_fused():
     torch.manual_seed(0)
     model = MapNorm().eval()
