@@ -43,6 +43,9 @@ FAMILIES: dict[str, str] = {
     # experts through transformers::grouped_mm_fallback (fp32), which
     # transformers.integrations.moe registers
     "olmoe": "OlmoeConfig",
+    # RMSNorm spelled x * pow(mean(x**2) + eps, -0.5); v_norm without a weight
+    "gemma3n": "Gemma3nTextConfig",
+    "gemma4": "Gemma4TextConfig",
 }
 
 _COMMON: dict[str, Any] = {
@@ -85,6 +88,23 @@ _PER_FAMILY: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 64,
+    },
+    "gemma3n": {
+        "head_dim": 16,
+        "vocab_size_per_layer_input": VOCAB,
+        "hidden_size_per_layer_input": 8,
+        "laurel_rank": 4,
+        "num_kv_shared_layers": 0,
+        "activation_sparsity_pattern": [0.0, 0.0],
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 4,
+    },
+    "gemma4": {
+        "head_dim": 16,
+        "vocab_size_per_layer_input": VOCAB,
+        "hidden_size_per_layer_input": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 4,
     },
     "llama4": {
         "num_local_experts": 4,

@@ -231,3 +231,38 @@ def test_an_empty_spec_is_a_usage_error(work: Path, command, capsys, monkeypatch
     r = in_process([command, "tiny.fxgraph", "-p", ""], capsys, monkeypatch)
     assert r.code == 2
     assert "the spec is empty" in one_line_error(r)
+
+
+class _CubedNorm(torch.nn.Module):
+    """An RMSNorm look-alike that cubes instead of squaring (a near miss of fuse_rmsnorm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(3).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h
+
+
+def test_a_fusion_that_finds_nothing_names_the_near_miss_in_one_note(work: Path):
+    ep = torch.export.export(_CubedNorm(), (torch.randn(2, 8),))
+    torch.export.save(ep, work / "cubed.pt2")
+    r = fxpass("run", "cubed.pt2", "-p", "fuse_rmsnorm", cwd=work)
+    assert r.code == 0, r.err
+    text = " ".join(r.out.split())  # the console wraps the note at its width
+    assert text.count("note: fuse_rmsnorm:") == 1 and "hint:" not in text, r.out
+    note = text[text.index("note: fuse_rmsnorm:") :]
+    assert "closest near miss: 'rms_norm' at %mul_1: literal differs" in note
+    assert "is 3, expected 2" in note and "says why" not in note
+    # candidates tried, none close (no int8 cast anywhere): where explain() would help
+    r = fxpass("run", "tiny.pt2", "-p", "fuse_add_rmsnorm_quant", cwd=work)
+    text = " ".join(r.out.split())
+    assert text.count("note: fuse_add_rmsnorm_quant:") == 1, r.out
+    assert "near miss" not in text and "says why" in text, r.out
+    ep = torch.export.export(torch.nn.Tanh(), (torch.randn(2, 8),))
+    torch.export.save(ep, work / "tanh.pt2")
+    r = fxpass("run", "tanh.pt2", "-p", "fuse_rmsnorm", cwd=work)  # not even a candidate
+    text = " ".join(r.out.split())
+    assert "'rms_norm': no node calls aten._to_copy.default" in text, r.out
+    assert "near miss" not in text and "says why" not in text, r.out

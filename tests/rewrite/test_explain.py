@@ -158,3 +158,44 @@ def test_a_rule_set_that_rewrites_nothing_says_why():
     assert note.startswith("found nothing to rewrite: ")
     assert "no node calls aten.cosh.default" in note
     assert "note: nothing: found nothing to rewrite" in str(report)
+
+
+class _ReluTimesTwo(torch.nn.Module):
+    def forward(self, x):
+        return x.relu() * 2
+
+
+class _ReluTimesTwoInACond(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x.relu() * 2, lambda x: x.cos(), (x,))
+
+
+_MUL_ONE = Rule(P(aten.mul.Tensor, P(aten.relu.default, x), 1), lambda x: x, name="mul_one")
+
+
+def _note(rule_set, module) -> str:
+    import fxpass as fp
+
+    ep = torch.export.export(module, (torch.randn(3),))
+    (note,) = fp.Pipeline([rule_set]).run(ep.graph_module).report.find(rule_set.name).notes
+    return note
+
+
+def test_a_pass_that_finds_nothing_names_its_closest_near_miss_in_one_line():
+    """A mul-by-one rule on a graph that multiplies by two: the note says where and why
+    (the literal), on one line; a rule with no candidate at all gets no pointer."""
+    from fxpass.fxutil.messages import LIMIT
+
+    note = _note(rules("mul_one", [_MUL_ONE]), _ReluTimesTwo())
+    assert "\n" not in note and len(note) <= LIMIT
+    assert note.startswith("found nothing to rewrite: 'mul_one': tried at 1 nodes, none matched")
+    assert "closest near miss: 'mul_one' at %mul: literal differs" in note
+    assert "expected 1" in note and "says why" not in note
+    nothing = rules("nothing", [(P(aten.cosh.default, x), lambda x: x)])
+    note = _note(nothing, _ReluTimesTwo())
+    assert "near miss" not in note and "says why" not in note
+
+
+def test_a_near_miss_inside_a_cond_branch_names_the_branch():
+    note = _note(rules("mul_one", [_MUL_ONE]), _ReluTimesTwoInACond())
+    assert "closest near miss: 'mul_one' at %mul in true_graph_0: literal differs" in note

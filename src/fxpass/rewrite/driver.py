@@ -42,6 +42,7 @@ from ..core.errors import NonConvergenceError
 from ..edit.location import short
 from ..fxutil.dialect import spellings
 from ..fxutil.fx_internals import is_erased, sort_key
+from ..fxutil.subgraphs import control_flow_subgraphs
 from ._state import MatchState
 from .explain import NearMissHint, explain, near_misses, why_nothing
 from .interpreted import Interpreter
@@ -100,34 +101,61 @@ def rewrite(
     once: bool = False,
     max_rewrites: int | None = None,
     pass_name: str | None = None,
+    subgraphs: bool = True,
 ) -> RewriteResult:
     """Apply ``rules`` (a rule, a rule set, or a list of rules and tuples) to ``gm``.
 
+    With ``subgraphs`` (the default) the rules are applied inside the graphs ``gm``'s
+    control flow runs too — ``torch.cond`` branches, ``torch.map``/``while_loop``/``scan``
+    bodies, nested ones included (:func:`~fxpass.fxutil.subgraphs.control_flow_subgraphs`)
+    — and their code is regenerated; ``max_rewrites`` then bounds each graph.
     Each single rewrite is atomic. Statistics (``rewrites``, ``<rule>.tried``/``matched``/
     ``rewritten``/``ms``) go to the running pass's record when called inside a pipeline.
     The caller regenerates code (``gm.recompile()``) unless a pipeline does it.
     """
     matcher, name, _ = _matcher_of(rules)
     matcher.reset_stats()
-    rw = Rewriter(gm, pass_name or _pass_name(name))
+    pass_name = pass_name or _pass_name(name)
+    t0 = time.perf_counter()
+    rewrites, graph = _rewrite_graph(gm, matcher, once, max_rewrites, name, pass_name)
+    graphs = [("", graph)]
+    if subgraphs and isinstance(gm, fx.GraphModule):
+        for path, sub in list(control_flow_subgraphs(gm)):
+            made, sub_graph = _rewrite_graph(sub, matcher, once, max_rewrites, name, pass_name)
+            graphs.append((path, sub_graph))
+            if made:
+                rewrites += made
+                sub.recompile()  # the caller regenerates gm's code; its subgraphs' is ours
+    result = RewriteResult(
+        rewrites=rewrites,
+        stats=dict(matcher.stats),
+        seconds=time.perf_counter() - t0,
+        mode="once" if once else "fixpoint",
+    )
+    _report(result, matcher, graphs)
+    return result
+
+
+def _rewrite_graph(
+    gm: fx.GraphModule | fx.Graph,
+    matcher: Matcher,
+    once: bool,
+    max_rewrites: int | None,
+    name: str,
+    pass_name: str,
+) -> tuple[int, fx.Graph]:
+    """Rewrite one graph (not the graphs its control flow runs); its rewrites and the graph."""
+    rw = Rewriter(gm, pass_name)
     st = MatchState(order=rw.order)
     # the plain matcher's rules match only near the ops they name (see .reach)
     reach = Reach(rw.graph) if type(matcher.interp) is Interpreter else None
-    t0 = time.perf_counter()
     if once:
         _walk_once(rw, matcher, st, reach)
     else:
         graph = rw.graph
         limit = max_rewrites if max_rewrites is not None else 10 * len(graph.nodes) + 100
         _fixpoint(rw, matcher, st, limit, name, reach)
-    result = RewriteResult(
-        rewrites=rw.rewrites,
-        stats=dict(matcher.stats),
-        seconds=time.perf_counter() - t0,
-        mode="once" if once else "fixpoint",
-    )
-    _report(result, matcher, rw.graph)
-    return result
+    return rw.rewrites, rw.graph
 
 
 def _pass_name(default: str) -> str:
@@ -263,12 +291,13 @@ MANY = 8
 FEW = 0.25
 
 
-def _report(result: RewriteResult, matcher: Matcher, graph: fx.Graph) -> None:
+def _report(result: RewriteResult, matcher: Matcher, graphs: list[tuple[str, fx.Graph]]) -> None:
     ctx = current_context()
     if ctx is None:
         return
     record = ctx.record
     if record is not None:
+        graph = graphs[0][1]  # a hint re-asks at its misses later, in the one graph it names
         for rule in matcher.rules:
             s = result.stats.get(rule.name)
             if s is not None and s.tried >= MANY and s.matched <= FEW * s.tried:
@@ -276,7 +305,7 @@ def _report(result: RewriteResult, matcher: Matcher, graph: fx.Graph) -> None:
                 if hint:
                     record.hints.append(hint)
         if not result.rewrites and matcher.rules:
-            note = why_nothing(matcher.rules, result.stats)
+            note = why_nothing(matcher.rules, result.stats, graphs)
             if note not in record.notes:  # a fixpoint reruns the pass into the same record
                 record.notes.append(note)
     ctx.stat("rewrites", result.rewrites)

@@ -35,6 +35,7 @@ from torch.fx import Node
 from ..edit.location import short
 from ..fxutil.dialect import aten_op
 from ..fxutil.fx_internals import is_erased
+from ..fxutil.messages import first_line
 from ..fxutil.views import view_base_name
 from ._state import MISSING, MatchState
 from .constraint import constant_number, fn_name, lit_eq, show
@@ -275,10 +276,18 @@ class NearMissHint(UserString):
         return self.data
 
 
-def why_nothing(rules: Iterable[Rule], stats: dict[str, Any]) -> str:
+def why_nothing(
+    rules: Iterable[Rule], stats: dict[str, Any], graphs: Iterable[tuple[str, fx.Graph]] = ()
+) -> str:
     """Why a rule set rewrote nothing, rule by rule (``stats``: the matcher's per-rule
     counts): no node calls the op it starts at, every candidate failed, or the replacement
-    declined every match. What the report notes for a pass that found nothing."""
+    declined every match. What the report notes for a pass that found nothing, in one line.
+
+    Where a rule came close in one of ``graphs`` (``(name, graph)`` pairs; ``""`` names the
+    graph the pass was given, others are its control-flow subgraphs), the line names the
+    closest near miss and why it missed (:func:`near_misses`); where candidates were tried
+    and none came close, it points to :func:`explain`."""
+    rules = list(rules)
     reasons: dict[str, list[str]] = {}
     for rule in rules:
         s = stats.get(rule.name)
@@ -290,7 +299,31 @@ def why_nothing(rules: Iterable[Rule], stats: dict[str, Any]) -> str:
             why = f"matched {s.matched}, the replacement declined each"
         reasons.setdefault(why, []).append(f"'{rule.name}'")
     text = "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())
-    return f"found nothing to rewrite: {text} (fxpass.rewrite.explain(rule, gm) says why)"
+    tried = [r for r in rules if (s := stats.get(r.name)) is not None and s.tried]
+    closest = _closest_miss(tried, list(graphs))
+    if closest is not None:
+        name, e = closest
+        where = f" [at %{e.at.name}]" if e.at is not None and e.at is not e.node else ""
+        inside = f" in {name}" if name else ""
+        miss = f"'{e.rule.name}' at %{e.node.name}{inside}: {e.reason}{where}"
+        return first_line(f"found nothing to rewrite: {text}; closest near miss: {miss}")
+    if tried:
+        text += " (fxpass.rewrite.explain(rule, gm) says why)"
+    return first_line(f"found nothing to rewrite: {text}")
+
+
+def _closest_miss(
+    rules: list[Rule], graphs: list[tuple[str, fx.Graph]]
+) -> tuple[str, Explanation] | None:
+    """The deepest near miss of ``rules`` over ``graphs`` (a bounded replay per rule and
+    graph; the earliest graph and rule win ties), with the name of its graph."""
+    best: tuple[str, Explanation] | None = None
+    for rule in rules:
+        for name, graph in graphs:
+            misses = near_misses(rule, graph, limit=16)
+            if misses and (best is None or misses[0].depth > best[1].depth):
+                best = (name, misses[0])
+    return best
 
 
 def _short_ops(rule: Rule) -> str:

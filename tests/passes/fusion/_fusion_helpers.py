@@ -84,12 +84,62 @@ class PlainRMSNorm(LlamaRMSNorm):
         )
 
 
+class PowRMSNorm(LlamaRMSNorm):
+    """Gemma3n's and Gemma4's: ``x * pow(mean(x**2) + eps, -0.5)``, multiplied in float32."""
+
+    def forward(self, x):
+        h = x.float()
+        mean_squared = h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon
+        h = h * torch.pow(mean_squared, -0.5)
+        return (h * self.weight.float()).type_as(x)
+
+
+class StarStarRMSNorm(LlamaRMSNorm):
+    """``(var + eps) ** -0.5`` (``operator.pow`` in Dynamo), weight first."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * (h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) ** -0.5
+        return self.weight * h.to(x.dtype)
+
+
+class ReciprocalRMSNorm(LlamaRMSNorm):
+    """``x * (1 / sqrt(var + eps))`` (export writes ``reciprocal(sqrt(.)) * 1``)."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * (1 / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+        return self.weight * h.to(x.dtype)
+
+
+class ReciprocalMethodRMSNorm(LlamaRMSNorm):
+    """``x * sqrt(var + eps).reciprocal()``, no upcast."""
+
+    def forward(self, x):
+        inv = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon).reciprocal()
+        return x * inv * self.weight
+
+
+class DivPowRMSNorm(LlamaRMSNorm):
+    """``x / (var + eps) ** 0.5``."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h / (h * h).mean(-1, keepdim=True).add(self.variance_epsilon).pow(0.5)
+        return self.weight * h.to(x.dtype)
+
+
 NORMS = {
     "llama": LlamaRMSNorm,
     "gemma": GemmaRMSNorm,
     "weight_last": WeightLastRMSNorm,
     "sqrt": SqrtRMSNorm,
     "plain": PlainRMSNorm,
+    "pow": PowRMSNorm,
+    "star_star": StarStarRMSNorm,
+    "reciprocal": ReciprocalRMSNorm,
+    "reciprocal_method": ReciprocalMethodRMSNorm,
+    "div_pow": DivPowRMSNorm,
 }
 
 
@@ -141,7 +191,37 @@ class NoWeightNorm(LlamaRMSNorm):
         )
 
 
+class PowExponentNorm(LlamaRMSNorm):
+    """``x * pow(var + eps, -1)``: divides by the mean square, not its root."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon, -1.0)
+        return self.weight * h.to(x.dtype)
+
+
+class PowOtherDimNorm(PowRMSNorm):
+    """The ``pow(., -0.5)`` spelling over dimension 1."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(1, keepdim=True) + self.variance_epsilon, -0.5)
+        return (h * self.weight.float()).type_as(x)
+
+
+class ReciprocalNoRootNorm(LlamaRMSNorm):
+    """``x * (1 / (var + eps))``: no square root."""
+
+    def forward(self, x):
+        h = x.float()
+        h = h * (1 / (h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+        return self.weight * h.to(x.dtype)
+
+
 LOOKALIKES = {
+    "pow_exponent": PowExponentNorm,
+    "pow_other_dim": PowOtherDimNorm,
+    "reciprocal_no_root": ReciprocalNoRootNorm,
     "other_dim": OtherDimNorm,
     "no_eps": NoEpsNorm,
     "cube": CubeNorm,
@@ -214,9 +294,9 @@ def _capture(factory, ir: str, dtype):
     torch.manual_seed(0)
     model = factory().to(dtype).eval()
     args = factory.inputs(dtype) if hasattr(factory, "inputs") else inputs(dtype)
-    if ir == "export":
-        ep = torch.export.export(model, args).run_decompositions()
-        return ep, args
+    if ir in ("export", "export_raw"):  # core ATen, or as torch.export.export leaves it
+        ep = torch.export.export(model, args)
+        return (ep.run_decompositions() if ir == "export" else ep), args
     if ir not in ("dynamo", "aot"):
         raise ValueError(ir)
     gm, real_inputs = dynamo_capture(model, args, ir)
@@ -230,7 +310,7 @@ class Captured:
 
     def __init__(self, factory, ir: str, dtype=torch.bfloat16):
         self.ir = ir
-        if ir == "export":
+        if ir in ("export", "export_raw"):
             ep, args = _capture(factory, ir, dtype)
             self.ep = copy.deepcopy(ep)
             self.gm = self.ep.graph_module
@@ -241,7 +321,7 @@ class Captured:
             self.args = args
 
     def run(self):
-        if self.ir == "export":
+        if self.ir in ("export", "export_raw"):
             return self.ep.module()(*self.args)
         self.gm.recompile()
         out = self.gm(*self.args)

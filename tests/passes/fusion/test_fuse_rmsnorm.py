@@ -21,6 +21,7 @@ from _fusion_helpers import (
 )
 
 import fxpass as fp
+from fxpass.fxutil.fx_internals import copy_sharing_specs
 from fxpass.passes.fusion.fuse_rmsnorm import RULES, fuse_rmsnorm
 from fxpass.rewrite import explain
 from fxpass.rewrite.constraint import value_of
@@ -41,7 +42,7 @@ _FACTORIES["gemma_qk"] = _block("gemma", qk_norm=True)
 
 
 @pytest.mark.parametrize("family", sorted(NORMS))
-@pytest.mark.parametrize("ir", ["export", "aot", "dynamo"])
+@pytest.mark.parametrize("ir", ["export", "export_raw", "aot", "dynamo"])
 def test_every_spelling_in_every_ir(family, ir):
     cap = Captured(_FACTORIES[family], ir)
     expected = cap.run()
@@ -120,7 +121,7 @@ def test_new_nodes_carry_values_and_provenance():
 
 
 @pytest.mark.parametrize("kind", sorted(LOOKALIKES))
-@pytest.mark.parametrize("ir", ["export", "dynamo"])
+@pytest.mark.parametrize("ir", ["export", "export_raw", "dynamo"])
 def test_lookalikes_are_left_alone(kind, ir):
     cap = Captured(_block(LOOKALIKES[kind]), ir)
     before = len(cap.gm.graph.nodes)
@@ -159,3 +160,103 @@ def test_same_outputs_under_torch_compile():
     model = _FACTORIES["llama_qk"]().eval()
     stats = compiled_matches_eager(model, inputs(torch.float32), "fuse_rmsnorm")
     assert stats["fuse_rmsnorm.rewrites"] == 4
+
+
+def _norm_sites(model, args) -> tuple[int, int]:
+    """(RMSNorm modules executed with a weight, without one) in an eager run of ``model``."""
+    seen: list[bool] = []
+    hooks = [
+        m.register_forward_hook(lambda mod, i, o: seen.append(getattr(mod, "with_scale", True)))
+        for m in model.modules()
+        if type(m).__name__.endswith("RMSNorm")
+    ]
+    with torch.no_grad():
+        model(*args)
+    for h in hooks:
+        h.remove()
+    return sum(seen), len(seen) - sum(seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_pow_spelled_families_fused_at_every_site(family, dtype):
+    """Gemma3n and Gemma4 spell the norm ``x * pow(mean(x**2) + eps, -0.5)``: every site with
+    a weight is fused, counted by the norm modules an eager run executes (Gemma3n's router
+    norm runs twice), in the graph export gives, in core ATen and in Dynamo's. The value
+    norms have no weight (``with_scale=False``): ``fxpass::rms_norm`` takes one, so they
+    stay as they are."""
+    import _hf
+    from _captures import _leaves, dynamo_capture
+
+    model = _hf.model(family, dtype=dtype)
+    ids = _hf.example_inputs()
+    weighted, unweighted = _norm_sites(model, ids)
+    assert weighted >= 16 and unweighted == 2
+    with torch.no_grad():
+        expected = _leaves(model(*ids))
+    ep = torch.export.export(model, ids, strict=False)
+    graphs = {"export": ep, "export_aten": copy_sharing_specs(ep).run_decompositions()}
+    for ir, program in graphs.items():
+        result = fp.Pipeline(["fuse_rmsnorm"]).run(program.graph_module)
+        assert count(program.graph_module, RMS) == weighted, ir
+        assert result.report.stats()["fuse_rmsnorm.rewrites"] == weighted
+        for got, want in zip(_leaves(program.module()(*ids)), expected):
+            assert_close(got, want, dtype)
+    gm, real = dynamo_capture(model, ids, "dynamo")
+    fuse_rmsnorm(gm)
+    gm.recompile()
+    assert count(gm, RMS) == weighted
+    with torch.no_grad():
+        for got, want in zip(_leaves(gm(*real)), expected):
+            assert_close(got, want, dtype)
+
+
+def _chain_then_norm(length: int, link) -> tuple[torch.fx.GraphModule, torch.Tensor, torch.Tensor]:
+    """A graph of ``length`` nodes made by ``link(node, i) -> (target, args)`` between the
+    input and a Llama RMSNorm (fake values computed once per distinct link: the links
+    repeat, and 3000 fake calls take seconds)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(6, 8), torch.randn(8)
+    gm = make_fx(lambda x, w: LlamaRMSNorm.forward(_WithWeight(w), x), tracing_mode="fake")(x, w)
+    graph = gm.graph
+    xin = next(iter(graph.find_nodes(op="placeholder")))
+    users = list(xin.users)
+    mode = xin.meta["val"].fake_mode
+    prev, vals = xin, {}
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    with graph.inserting_before(first), mode:
+        for i in range(length):
+            target, args = link(prev, i)
+            node = graph.call_function(target, args)
+            key = (target, str(args[1:]))  # the links repeat: compute each value once
+            if key not in vals:
+                vals[key] = target(*(a.meta["val"] if hasattr(a, "meta") else a for a in args))
+            node.meta["val"] = vals[key]
+            prev = node
+    for u in users:
+        u.replace_input_with(xin, prev)
+    gm.recompile()
+    return gm, x, w
+
+
+class _WithWeight:
+    def __init__(self, w):
+        self.weight, self.variance_epsilon = w, 1e-6
+
+
+_LINKS = {
+    "adds": lambda node, i: (torch.ops.aten.add.Tensor, (node, 1.0)),
+    "views": lambda node, i: (torch.ops.aten.view.default, (node, [6, 8] if i % 2 else [2, 3, 8])),
+}
+
+
+@pytest.mark.parametrize("link", sorted(_LINKS))
+def test_a_norm_after_a_chain_of_3000_nodes(link):
+    """No recursion along a deep graph: the matcher, ``P.through`` (3000 views in front of
+    the norm) and the rewriter stop at what the pattern needs."""
+    gm, x, w = _chain_then_norm(3000, _LINKS[link])
+    expected = gm(x, w)
+    assert fp.Pipeline(["fuse_rmsnorm"]).run(gm).report.stats()["fuse_rmsnorm.rewrites"] == 1
+    gm.graph.lint()
+    torch.testing.assert_close(gm(x, w), expected, rtol=1e-5, atol=1e-5)

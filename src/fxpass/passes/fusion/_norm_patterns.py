@@ -1,12 +1,14 @@
 """RMSNorm, residual add and int8 quantization, as patterns that match every spelling.
 
-One pattern covers the RMSNorms of Llama, Mistral, Qwen2/Qwen3, Phi-3 and Gemma (and the
-per-head q/k norms of Qwen3 and Gemma3) in core ATen, training-IR, AOT and Dynamo graphs::
+One pattern covers the RMSNorms of Llama, Mistral, Qwen2/Qwen3, Phi-3 and Gemma to Gemma4
+(and the per-head q/k norms of Qwen3 and Gemma3/3n/4) in core ATen, training-IR, AOT and Dynamo graphs::
 
     out = cast?( w_term * cast?( h * rsqrt(mean(h ** 2, dim=-1, keepdim=True) + eps) ) )
     h = cast_float32?(x)        w_term = cast?(w) | cast?(w) + offset        (Gemma: 1 + w)
 
-with ``h * h`` for ``h ** 2``, ``h / sqrt(...)`` for ``h * rsqrt(...)``, either operand order
+with ``h * h`` for ``h ** 2``; ``h * pow(..., -0.5)`` (Gemma3n, Gemma4), ``h * (1 / sqrt(...))``,
+``h * sqrt(...).reciprocal()``, ``h / sqrt(...)`` and ``h / (...) ** 0.5`` for ``h * rsqrt(...)``;
+either operand order
 of every ``*`` and ``+``, and each op in its ATen, Edge, torch-level and method spelling;
 T5's ``x * rsqrt(mean(x.float() ** 2) + eps)`` (the upcast squared, ``x`` itself multiplied
 — promoted to float32 by the product, so the same numbers); ``x`` seen through views that
@@ -37,6 +39,7 @@ ADD = {aten.add.Tensor, aten.add.Scalar, operator.add, torch.add, "add"}
 DIV = {aten.div.Tensor, operator.truediv, torch.div, "div"}
 RSQRT = {aten.rsqrt.default, torch.rsqrt, "rsqrt"}
 SQRT = {aten.sqrt.default, torch.sqrt, "sqrt"}
+RECIPROCAL = {aten.reciprocal.default, torch.reciprocal, "reciprocal"}
 POW = {aten.pow.Tensor_Scalar, operator.pow, torch.pow, "pow"}
 TORCH_MEAN = {torch.mean, "mean"}
 ROUND = {aten.round.default, torch.round, "round"}
@@ -56,10 +59,26 @@ def _mean(p: Pattern, dim: Pattern) -> Pattern:
     )
 
 
+def _inverse_root(s: Pattern) -> Pattern:
+    """``1 / sqrt(s)`` spelled as ``rsqrt(s)``, ``pow(s, -0.5)`` (``s ** -0.5``: Gemma3n,
+    Gemma4), ``1 / sqrt(s)`` (Dynamo's ``operator.truediv``; export's ``reciprocal(sqrt(s))
+    * 1``) or ``sqrt(s).reciprocal()``."""
+    root = P(SQRT, s)
+    recip = P(RECIPROCAL, root)
+    return P.any_of(
+        P(RSQRT, s), P(POW, s, -0.5), recip, P(MUL, recip, 1), P(operator.truediv, 1, root)
+    )
+
+
 def _scaled(h: Pattern, var: Pattern) -> list[Pattern]:
-    """``h * rsqrt(var + eps)`` and ``h / sqrt(var + eps)``."""
+    """``h * rsqrt(var + eps)`` (any spelling of :func:`_inverse_root`), ``h / sqrt(var +
+    eps)`` and ``h / (var + eps) ** 0.5``."""
     shifted = P(ADD, var, P.scalar("eps", NUMBER))
-    return [P(MUL, h, P(RSQRT, shifted)), P(DIV, h, P(SQRT, shifted))]
+    return [
+        P(MUL, h, _inverse_root(shifted)),
+        P(DIV, h, P(SQRT, shifted)),
+        P(DIV, h, P(POW, shifted, 0.5)),
+    ]
 
 
 def _variance(h: Pattern) -> Pattern:
