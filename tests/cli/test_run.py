@@ -215,7 +215,7 @@ def test_show_says_which_ops_a_program_needs_and_who_registers_them(work: Path):
 
 @pytest.mark.parametrize("flag", ["--rtol", "--atol"])
 def test_a_negative_tolerance_is_a_usage_error(work: Path, flag, capsys, monkeypatch):
-    from test_targets import in_process
+    from _cli_helpers import in_process
 
     monkeypatch.chdir(work)
     r = in_process(["run", "tiny.fxgraph", "--verify", flag, "-1"], capsys, monkeypatch)
@@ -225,9 +225,25 @@ def test_a_negative_tolerance_is_a_usage_error(work: Path, flag, capsys, monkeyp
 
 @pytest.mark.parametrize("command", ["run", "show", "bisect"])
 def test_an_empty_spec_is_a_usage_error(work: Path, command, capsys, monkeypatch):
-    from test_targets import in_process
+    from _cli_helpers import in_process
 
     monkeypatch.chdir(work)
     r = in_process([command, "tiny.fxgraph", "-p", ""], capsys, monkeypatch)
     assert r.code == 2
     assert "the spec is empty" in one_line_error(r)
+
+
+def test_verify_without_a_float32_reference_says_so_in_text_and_json(work: Path):
+    """bf16 outputs are judged against a float32 run of the original; when that run cannot be
+    made, the text says so, not only --json (issue 28)."""
+    args = ("run", "cli_targets:bf16_bitcast", "-p", "cse", "--verify")
+    text = fxpass(*args, cwd=work)
+    assert text.code == 0, text.err
+    flat = " ".join(text.out.split())
+    assert "no float32 reference (the float32 run of the original failed" in flat
+    assert "judged by tolerance alone" in flat
+    data = json.loads(fxpass(*args, "--json", cwd=work).out)
+    assert "shape '[2, 2]' is invalid" in data["numerics"]["final"]["no_reference"]
+    ok = fxpass("run", "cli_targets:bf16_no_grad", "-p", "cse", "--verify", cwd=work)
+    assert ok.code == 0, ok.err
+    assert "no float32 reference" not in ok.out  # its subgraph runs in float32 too
