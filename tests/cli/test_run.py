@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -192,9 +193,10 @@ def test_a_portable_program_runs_where_fxpass_is_not_installed(torch_only_python
     r = fxpass("run", "tiny.pt2", "--portable", "-o", "portable.pt2", cwd=tmp_path)
     assert r.code == 0, r.err
     assert "lower_fused_ops" in r.out and f"wrote {tmp_path / 'portable.pt2'}" in r.out
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no fxpass through it
     proc = subprocess.run(
         [str(torch_only_python), "-c", CONSUMER, "portable.pt2", "args.pt", "out.pt"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), ep.module()(*args))
