@@ -107,3 +107,18 @@ def test_subgraphs_of_higher_order_ops_run_in_float32_too():
     exact = (x.double() * model.w.detach().double()).exp() * 3.0
     assert torch.allclose(out.double(), exact, rtol=1e-6)
     assert not torch.equal(out.double(), model(x).double())  # not the bf16 result again
+
+
+class _Branches(nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: (x * 2).exp(), lambda x: (x - 1).exp(), (x,))
+
+
+def test_the_branches_of_cond_run_in_float32_too():
+    x = torch.randn(8, dtype=torch.bfloat16)
+    ep = torch.export.export(_Branches(), (x,))
+    (out,) = run_graph_promoted(ep.module(), [x])
+    xd = x.double()
+    exact = (xd * 2).exp() if xd.sum() > 0 else (xd - 1).exp()
+    assert out.dtype == torch.float32
+    assert torch.allclose(out.double(), exact, rtol=1e-6)
