@@ -11,6 +11,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -43,6 +44,17 @@ def fxpass(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: in
     if "FORCE_COLOR" not in full_env:  # piped output: never colour, on stdout or stderr
         assert "\x1b[" not in result.out + result.err, result
     return result
+
+
+def in_process(args: list[str], capsys, monkeypatch) -> Result:
+    """``fxpass ARGS`` run in this process (fast; the output is captured; sys.path restored)."""
+    from fxpass.cli import main
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    captured = capsys.readouterr()
+    return Result(exit_.value.code, captured.out, captured.err)
 
 
 def one_line_error(result: Result) -> str:

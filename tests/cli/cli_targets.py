@@ -47,3 +47,35 @@ def _strict_add_norm():
 
 
 strict_add_norm = _strict_add_norm()
+
+
+class _Bitcast(torch.nn.Module):
+    """bf16 math beside a bit-level view of the input (``view(int16)``): the view has a
+    fixed dtype contract, so the float32 run of the original cannot be made."""
+
+    def forward(self, x):
+        return x * 2.0 + 1.0, x.view(torch.int16).reshape(2, 2)
+
+
+def bf16_bitcast():
+    """A bf16 program whose ``--verify`` has no float32 reference."""
+    return _Bitcast(), (torch.randn(4, dtype=torch.bfloat16),)
+
+
+class _Grads(torch.nn.Module):
+    """bf16 math inside ``torch.no_grad()``: exported as a ``wrap_with_set_grad_enabled``
+    higher-order op around a subgraph (as Hugging Face's rotary embeddings are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = (x * self.w).exp()
+        return y * 3.0
+
+
+def bf16_no_grad():
+    """A bf16 program with a subgraph under a higher-order op: its float32 run works."""
+    return torch.export.export(_Grads(), (torch.randn(4, dtype=torch.bfloat16),))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -192,9 +193,10 @@ def test_a_portable_program_runs_where_fxpass_is_not_installed(torch_only_python
     r = fxpass("run", "tiny.pt2", "--portable", "-o", "portable.pt2", cwd=tmp_path)
     assert r.code == 0, r.err
     assert "lower_fused_ops" in r.out and f"wrote {tmp_path / 'portable.pt2'}" in r.out
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no fxpass through it
     proc = subprocess.run(
         [str(torch_only_python), "-c", CONSUMER, "portable.pt2", "args.pt", "out.pt"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), ep.module()(*args))
@@ -215,7 +217,7 @@ def test_show_says_which_ops_a_program_needs_and_who_registers_them(work: Path):
 
 @pytest.mark.parametrize("flag", ["--rtol", "--atol"])
 def test_a_negative_tolerance_is_a_usage_error(work: Path, flag, capsys, monkeypatch):
-    from test_targets import in_process
+    from _cli_helpers import in_process
 
     monkeypatch.chdir(work)
     r = in_process(["run", "tiny.fxgraph", "--verify", flag, "-1"], capsys, monkeypatch)
@@ -225,7 +227,7 @@ def test_a_negative_tolerance_is_a_usage_error(work: Path, flag, capsys, monkeyp
 
 @pytest.mark.parametrize("command", ["run", "show", "bisect"])
 def test_an_empty_spec_is_a_usage_error(work: Path, command, capsys, monkeypatch):
-    from test_targets import in_process
+    from _cli_helpers import in_process
 
     monkeypatch.chdir(work)
     r = in_process([command, "tiny.fxgraph", "-p", ""], capsys, monkeypatch)
@@ -266,3 +268,19 @@ def test_a_fusion_that_finds_nothing_names_the_near_miss_in_one_note(work: Path)
     text = " ".join(r.out.split())
     assert "'rms_norm': no node calls aten._to_copy.default" in text, r.out
     assert "near miss" not in text and "says why" not in text, r.out
+
+
+def test_verify_without_a_float32_reference_says_so_in_text_and_json(work: Path):
+    """bf16 outputs are judged against a float32 run of the original; when that run cannot be
+    made, the text says so, not only --json (issue 28)."""
+    args = ("run", "cli_targets:bf16_bitcast", "-p", "cse", "--verify")
+    text = fxpass(*args, cwd=work)
+    assert text.code == 0, text.err
+    flat = " ".join(text.out.split())
+    assert "no float32 reference (the float32 run of the original failed" in flat
+    assert "judged by tolerance alone" in flat
+    data = json.loads(fxpass(*args, "--json", cwd=work).out)
+    assert "shape '[2, 2]' is invalid" in data["numerics"]["final"]["no_reference"]
+    ok = fxpass("run", "cli_targets:bf16_no_grad", "-p", "cse", "--verify", cwd=work)
+    assert ok.code == 0, ok.err
+    assert "no float32 reference" not in ok.out  # its subgraph runs in float32 too

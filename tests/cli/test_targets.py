@@ -10,10 +10,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-import _hf
 import pytest
 import torch
-from _cli_helpers import Result, flip_bytes, fxpass, one_line_error
+from _cli_helpers import flip_bytes, fxpass, in_process, one_line_error
 
 FUSED_ADD = torch.ops.fxpass.fused_add_rmsnorm.default
 FUSED = torch.ops.fxpass.rms_norm.default
@@ -24,6 +23,7 @@ LAYERS = 2
 def hf_dir(tmp_path_factory) -> Path:
     """llama.pt2 and qwen2.pt2, saved as users save them, and a `transformers` that cannot
     be imported (blocked/), to prove a process without it loads them."""
+    _hf = pytest.importorskip("_hf")  # transformers
     folder = tmp_path_factory.mktemp("hf")
     for family in ("llama", "qwen2"):
         torch.export.save(_hf.exported(family, layers=LAYERS), folder / f"{family}.pt2")
@@ -54,6 +54,7 @@ def test_hugging_face_pt2_runs_fused_and_verified_in_a_fresh_process(family, hf_
     assert summary["output"] == str(tmp_path / "out.pt2")  # absolute
     assert "CausalLMOutputWithPast" in r.err and "stand-in" in r.err  # the one-line note
     # Written back unchanged: torch.export.load (transformers imported here) gives the real type.
+    _hf = pytest.importorskip("_hf")
     saved, original = torch.export.load(tmp_path / "out.pt2"), _hf.exported(family, layers=LAYERS)
     ids = _hf.example_inputs()
     out = saved.module()(*ids)
@@ -76,17 +77,6 @@ def test_imports_come_from_the_environment_then_the_flags(monkeypatch):
 
     monkeypatch.setenv("FXPASS_IMPORT", "transformers, my_ops  other")
     assert allowed_imports(("my_ops", "extra")) == ["transformers", "my_ops", "other", "extra"]
-
-
-def in_process(args: list[str], capsys, monkeypatch) -> Result:
-    """``fxpass ARGS`` run in this process (fast; the output is captured; sys.path restored)."""
-    from fxpass.cli import main
-
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    with pytest.raises(SystemExit) as exit_:
-        main(args)
-    captured = capsys.readouterr()
-    return Result(exit_.value.code, captured.out, captured.err)
 
 
 def test_a_missing_module_to_import(work: Path, capsys, monkeypatch):

@@ -309,3 +309,60 @@ def test_a_pipeline_run_inside_a_pass_joins_the_outer_run(llama_gm):
 def test_a_spec_string_given_as_the_pass_list_points_to_parse():
     with pytest.raises(TypeError, match=r"for a textual spec use Pipeline.parse\('cse,dce'\)"):
         fp.Pipeline("cse,dce")
+
+
+# ----- nesting: a documented limit, checked where a pipeline is made and before it runs -------
+def _tower(depth: int, leaf=drop_asserts) -> fp.Pipeline:
+    """Pipelines nested ``depth`` levels deep around ``leaf`` (``fixpoint(...)`` alternating)."""
+    pipe = fp.Pipeline([leaf])
+    for i in range(depth):
+        pipe = fp.fixpoint(pipe) if i % 2 == 0 else fp.Pipeline([pipe])
+    return pipe
+
+
+def test_pipelines_nested_to_the_limit_run_and_print(llama_gm):
+    from fxpass.core.run import MAX_NESTING, nesting
+
+    pipe = _tower(MAX_NESTING)
+    assert nesting(pipe) == MAX_NESTING
+    result = pipe.run(llama_gm)
+    assert result.modified
+    assert "_assert_tensor_metadata" not in llama_gm.code
+    text = str(pipe)
+    assert text.count("(") == MAX_NESTING  # the outermost pipeline is not written
+    assert str(fp.Pipeline.parse(text)) == text
+    assert result.report.to_dict()  # the report walks the same depth
+
+
+def test_one_level_deeper_is_a_nesting_error_where_it_is_made():
+    from fxpass.core.run import MAX_NESTING
+
+    with pytest.raises(fp.core.NestingError, match=f"more than {MAX_NESTING} levels deep"):
+        fp.Pipeline([_tower(MAX_NESTING)])
+    deep = _tower(MAX_NESTING)
+    top = fp.Pipeline(["cse"])
+    with pytest.raises(fp.core.NestingError):
+        top.add(deep)
+    assert [p.name for p in top.passes] == ["cse"]  # the refused pass was not kept
+    with pytest.raises(fp.core.NestingError):
+        top.set_passes([deep])
+    assert [p.name for p in top.passes] == ["cse"]
+
+
+def test_a_group_deepened_after_it_was_nested_is_refused_before_the_run(llama_gm):
+    from fxpass.core.run import MAX_NESTING
+
+    inner = fp.Pipeline([drop_asserts])
+    outer = fp.Pipeline([inner])
+    inner.add(_tower(MAX_NESTING - 1))  # inner is fine on its own; outer is now too deep
+    before = llama_gm.code
+    with pytest.raises(fp.core.NestingError):
+        outer.run(llama_gm)
+    assert llama_gm.code == before
+
+
+def test_a_pipeline_that_holds_itself_is_refused():
+    pipe = fp.Pipeline(["cse"])
+    with pytest.raises(fp.core.NestingError):
+        pipe.add(pipe)
+    assert len(pipe) == 1

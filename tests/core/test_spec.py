@@ -12,6 +12,7 @@ import fxpass as fp
 from fxpass.core.options import Range
 from fxpass.core.pass_registry import Registry
 from fxpass.core.pipeline import register_pipelines
+from fxpass.core.run import MAX_NESTING, nesting
 from fxpass.core.spec import parse_spec
 
 
@@ -179,3 +180,75 @@ def test_parse_raises_only_spec_errors(reg, tokens):
         fp.Pipeline.parse("".join(tokens), reg)
     except fp.core.SpecError as e:
         assert e.column >= 1
+
+
+# ----- nesting: a documented limit, never Python's recursion limit ----------------------------
+def _nested(open_: str, depth: int, inner: str = "cse") -> str:
+    return open_ * depth + inner + ")" * depth
+
+
+NESTED_FORMS = [
+    "fixpoint(",
+    "pipeline(",
+    "fixpoint{max_iterations=2 strict=true}( ",
+    " pipeline ( ",
+]
+
+
+@pytest.mark.parametrize("open_", NESTED_FORMS)
+def test_a_spec_nests_up_to_the_limit_and_prints_back(open_, reg):
+    spec = _nested(open_, MAX_NESTING, "cse,dce")
+    pipe = fp.Pipeline.parse(spec, reg)
+    assert nesting(pipe) == MAX_NESTING  # fixpoint(fixpoint(cse)) nests 2
+    again = fp.Pipeline.parse(str(pipe), reg)
+    assert str(again) == str(pipe)
+
+
+@pytest.mark.parametrize("open_", NESTED_FORMS)
+@pytest.mark.parametrize("depth", [MAX_NESTING + 1, 500, 20_000])
+def test_a_deeper_spec_is_one_spec_error_at_the_first_paren_too_deep(open_, depth, reg):
+    spec = _nested(open_, depth)
+    with pytest.raises(fp.core.SpecError) as err:
+        fp.Pipeline.parse(spec, reg)
+    assert f"more than {MAX_NESTING} levels deep" in err.value.message
+    assert err.value.column == len(open_) * MAX_NESTING + open_.index("(") + 1
+    assert spec[err.value.column - 1] == "("
+    assert len(str(err.value)) < 400  # the spec is quoted around the column, not whole
+
+
+DEEP = fp.Pipeline(["cse"])
+for _ in range(MAX_NESTING):
+    DEEP = fp.Pipeline([DEEP])
+
+
+def test_a_pipeline_object_named_in_a_spec_counts_its_own_nesting(reg):
+    assert nesting(DEEP) == MAX_NESTING
+    spec = f"cse,{__name__}:DEEP"
+    with pytest.raises(fp.core.SpecError) as err:
+        fp.Pipeline.parse(spec, reg)
+    assert err.value.column == 5
+    assert "more than 32 levels deep" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("spec", "column", "quoted"),
+    [
+        ("x" * 100_000, 1, "unknown pass 'xxx"),
+        ("cse,fuse_add_rmsnorm{" + "k" * 100_000 + "=1}", 22, "has no option 'kkk"),
+        ("fixpoint{max_iterations=" + "9x" * 50_000 + "}(cse)", 25, "expects int >= 1, got '9x9"),
+        ("no.such." + "m" * 100_000 + ":fn", 1, "cannot import pass 'no.such.mmm"),
+        ("fixpoint(" * 3 + "y" * 100_000 + ")))", 28, "unknown pass 'yyy"),
+    ],
+)
+def test_a_huge_input_is_quoted_short_in_the_error(spec, column, quoted, reg):
+    with pytest.raises(fp.core.SpecError) as err:
+        fp.Pipeline.parse(spec, reg)
+    assert err.value.column == column
+    assert err.value.spec == spec  # kept whole for callers; the message quotes it short
+    assert quoted in err.value.message
+    assert len(err.value.message) < 400
+    assert "characters)" in err.value.message
+    lines = str(err.value).splitlines()
+    assert len(lines) == 3 and max(map(len, lines)) < 500
+    shown, caret = lines[1][2:], lines[2].index("^") - 2
+    assert shown[caret] == spec[column - 1]  # the caret still sits under the column

@@ -25,10 +25,14 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 def test_the_kernels_are_checked_by_the_interpreter():
     if not sys.platform.startswith("linux"):
         pytest.skip("Triton ships for Linux only")
-    assert importlib.util.find_spec("triton") is not None, (
-        "triton is in the test extra (pip install -e '.[test]'): without it the kernels of "
-        "the fused ops are never run"
-    )
+    if importlib.util.find_spec("triton") is None:
+        message = (
+            "needs triton (in the test extra: pip install -e '.[test]'); without it the "
+            "kernels of the fused ops are not checked"
+        )
+        if os.environ.get("CI"):  # CI installs the test extra: there a missing triton is a bug
+            pytest.fail(message)
+        pytest.skip(message)
     env = {
         **os.environ,
         "TRITON_INTERPRET": "1",

@@ -63,7 +63,9 @@ def test_a_float32_run_that_fails_is_reported_not_lost():
     assert not cmp.ok and cmp.worst.no_reference == truth.why
     assert "whether this is bfloat16 rounding or a wrong rewrite is unknown" in cmp.summary()
     assert cmp.to_dict()["no_reference"] == cmp.to_dict()["failures"][0]["no_reference"]
-    assert compare_outputs([expected], [expected], truth=truth).ok  # nothing to forgive
+    ok = compare_outputs([expected], [expected], truth=truth)
+    assert ok.ok  # nothing to forgive, and the summary says what was missing
+    assert f"no float32 reference ({truth.why})" in ok.summary()
 
 
 def test_verify_numerics_says_the_yardstick_is_missing():
@@ -76,3 +78,47 @@ def test_verify_numerics_says_the_yardstick_is_missing():
 def test_a_graph_without_low_precision_needs_no_float32_run():
     gm = fx.symbolic_trace(nn.ReLU())
     assert run_graph_promoted(gm, [torch.randn(4)]) is None
+
+
+class _NoGrad(nn.Module):
+    """bf16 math under ``torch.no_grad()``: export wraps it in ``wrap_with_set_grad_enabled``
+    around a subgraph, as it does Hugging Face's rotary embeddings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = (x * self.w).exp()
+        return y * 3.0
+
+
+def test_subgraphs_of_higher_order_ops_run_in_float32_too():
+    """The float32 run reaches into subgraphs; it failed on their bf16 dtype checks before."""
+    torch.manual_seed(0)
+    model, x = _NoGrad(), torch.randn(8, dtype=torch.bfloat16)
+    ep = torch.export.export(model, (x,))
+    assert any("wrap_with_set_grad_enabled" in str(n.target) for n in ep.graph.nodes)
+    truth = run_graph_promoted(ep.module(), [x])
+    assert isinstance(truth, list), truth
+    (out,) = truth
+    assert out.dtype == torch.float32
+    exact = (x.double() * model.w.detach().double()).exp() * 3.0
+    assert torch.allclose(out.double(), exact, rtol=1e-6)
+    assert not torch.equal(out.double(), model(x).double())  # not the bf16 result again
+
+
+class _Branches(nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: (x * 2).exp(), lambda x: (x - 1).exp(), (x,))
+
+
+def test_the_branches_of_cond_run_in_float32_too():
+    x = torch.randn(8, dtype=torch.bfloat16)
+    ep = torch.export.export(_Branches(), (x,))
+    (out,) = run_graph_promoted(ep.module(), [x])
+    xd = x.double()
+    exact = (xd * 2).exp() if xd.sum() > 0 else (xd - 1).exp()
+    assert out.dtype == torch.float32
+    assert torch.allclose(out.double(), exact, rtol=1e-6)

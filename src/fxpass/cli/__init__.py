@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import click
 
-from ..fxutil.messages import error_summary, first_line
+from ..fxutil.messages import cap, error_summary, first_line
 from ._common import (
     EXIT_CODES_HELP,
     FAILED,
@@ -124,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = e.code if isinstance(e.code, int) else FAILED
     except BaseException as e:  # broad: reported — the command's one line on stderr, exit code
         code, message = _code_for(e)
+        message = cap(" ".join(message.split("\n")))  # one line, whatever it quotes
         if debug:
             traceback.print_exception(e)
         _error(message)

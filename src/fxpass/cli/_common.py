@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from ..fxutil import files
+from ..fxutil.messages import clip
 
 # Exit codes (documented in `fxpass --help` and docs/cli.md).
 OK = 0
@@ -79,12 +80,29 @@ def check_writable(path: str | os.PathLike, what: str) -> Path:
     """Fail early, before any work, when ``path`` cannot be written."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise CliError(f"cannot write the {what} to {path}: it is a directory", WRITE)
-    if not parent.is_dir():
-        raise CliError(f"cannot write the {what} to {path}: folder {parent} does not exist", WRITE)
+    where = f"cannot write the {what} to {clip(str(path))}"
+    try:
+        if path.is_dir():
+            raise CliError(f"{where}: it is a directory", WRITE)
+        if not parent.is_dir():
+            raise CliError(f"{where}: folder {clip(str(parent))} does not exist", WRITE)
+    except OSError as e:  # a name the system cannot look up (too long, ...)
+        raise CliError(f"{where}: {e.strerror or e}", WRITE) from e
     if not os.access(parent, os.W_OK):
-        raise CliError(f"cannot write the {what} to {path}: folder {parent} is not writable", WRITE)
+        raise CliError(f"{where}: folder {clip(str(parent))} is not writable", WRITE)
+    return path
+
+
+def check_folder(path: str | os.PathLike, what: str) -> Path:
+    """Fail early, before any work, when ``path`` cannot be a folder to write in (made when
+    first written): it is a file, or a name the system cannot look up."""
+    path = Path(path).expanduser()
+    where = f"cannot use {clip(str(path))} as the {what} folder"
+    try:
+        if path.exists() and not path.is_dir():
+            raise CliError(f"{where}: it is a file", WRITE)
+    except OSError as e:
+        raise CliError(f"{where}: {e.strerror or e}", WRITE) from e
     return path
 
 
@@ -96,12 +114,22 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], Any], what: str
     try:
         files.write_atomic(path, write)
     except OSError as e:
-        raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}", WRITE) from e
+        raise CliError(
+            f"cannot write the {what} to {clip(str(path))}: {e.strerror or e}", WRITE
+        ) from e
     return path.absolute()
 
 
 # ----- the one import rule: --import MODULE and $FXPASS_IMPORT, on every command that loads --
 IMPORT_ENV = "FXPASS_IMPORT"
+#: ``--import auto`` (or ``auto`` in ``$FXPASS_IMPORT``): import the module fxpass itself names
+#: as needed — the installed module whose source registers an op the program calls — saying so.
+AUTO = "auto"
+
+
+def modules_named(imports: Sequence[str]) -> list[str]:
+    """The modules among ``imports`` (without ``auto``)."""
+    return [m for m in imports if m != AUTO]
 
 
 def allowed_imports(given: Sequence[str]) -> list[str]:
@@ -118,13 +146,13 @@ def import_allowed(imports: Sequence[str]) -> None:
     """Import the ``--import`` modules (and FXPASS_IMPORT's); a failure is one line, exit 3."""
     from ..core.imports import import_modules
 
-    for module in imports:
+    for module in modules_named(imports):
         try:
             import_modules([module])
         except Exception as e:
             raise CliError(
-                f"cannot import {module} (named by --import or {IMPORT_ENV}): "
-                f"{type(e).__name__}: {e}",
+                f"cannot import {clip(module)} (named by --import or {IMPORT_ENV}): "
+                f"{type(e).__name__}: {clip(str(e), 160)}",
                 LOAD,
             ) from e
 
@@ -146,5 +174,7 @@ def import_option(fn: Any) -> Any:
         metavar="MODULE",
         callback=_import_now,
         help=f"Import MODULE first (repeatable; also ${IMPORT_ENV}, comma-separated): it may "
-        "register ops, passes and output types, e.g. --import transformers.integrations.moe.",
+        "register ops, passes and output types, e.g. --import transformers.integrations.moe. "
+        "--import auto imports the module that registers an op the program calls, when "
+        "fxpass finds one, and says so.",
     )(fn)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..fxutil.messages import first_line
+from ..fxutil.messages import excerpt, first_line
 from ._targets import Target
 
 if TYPE_CHECKING:
@@ -32,9 +32,13 @@ def parse_pipeline(spec: str | None) -> Any:
 
 
 def spec_error_line(e: Any) -> str:
+    """``bad pipeline spec at column C of 'SPEC': what``; a long spec is quoted around the
+    column (:func:`~fxpass.fxutil.messages.excerpt`), with its length."""
     message = getattr(e, "message", None) or first_line(e)
     spec, column = getattr(e, "spec", ""), getattr(e, "column", 0)
-    where = f" at column {column} of '{spec}'" if spec else ""
+    shown = excerpt(spec, column)[0]
+    length = f" (a {len(spec):,}-character spec)" if shown != spec else ""
+    where = f" at column {column} of '{shown}'{length}" if spec else ""
     return f"bad pipeline spec{where}: {message}"
 
 
@@ -78,11 +82,13 @@ def evaluate_promoted(program: Any, target: Target) -> Any:
     ``run_graph_promoted``, ``compare_outputs``)."""
     import torch
 
-    from ..verify.compare import run_graph_promoted
+    from ..verify.compare import ReferenceUnavailable, low_precision, run_graph_promoted
 
     if isinstance(program, torch.export.ExportedProgram):
         if target.kwargs:
-            return None
+            if not low_precision(program.graph_module):
+                return None
+            return ReferenceUnavailable("the float32 run takes no keyword inputs")
         program = program.module()
     return run_graph_promoted(program, user_inputs(target))
 

@@ -11,16 +11,18 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from ..fxutil.messages import first_line
+from ..fxutil.messages import clip, first_line
 from ._common import (
     FAILED,
     LOAD,
     NUMERICS,
     USAGE,
     CliError,
+    check_folder,
     check_writable,
     emit_json,
     import_option,
+    modules_named,
     plural,
     stderr,
     stdout,
@@ -210,6 +212,9 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     pipeline = parse_pipeline(spec)
     if html:
         check_writable(html, "report")
+    for folder, what in ((cache, "pipeline cache"), (reproducer, "reproducer")):
+        if folder:
+            check_folder(folder, what)
     if output:  # fail before the (slow) load where the TARGET's name tells its kind
         check_writable(output, "output")
         _check_output_suffix(target, output)
@@ -243,7 +248,8 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     if reproducer:
         from ..core.reproducer import CrashReproducer
 
-        instruments.append(CrashReproducer(reproducer, imports=imports))
+        named = [*modules_named(imports), *t.imported]  # what auto found, by name
+        instruments.append(CrashReproducer(reproducer, imports=named))
     try:
         result = apply_pipeline(t, pipeline, instruments, cache, portable=portable)
     except PassFailedError as e:
@@ -276,7 +282,8 @@ def _check_output_suffix(target: str, output: str) -> None:
     suffix, want = Path(target).suffix, Path(output).suffix
     if suffix in kinds and want != suffix:
         raise CliError(
-            f"TARGET {target} is {kinds[suffix]}: write it to a {suffix} file, not {output}",
+            f"TARGET {clip(target)} is {kinds[suffix]}: write it to a {suffix} file, not "
+            f"{clip(output)}",
             USAGE,
         )
 
@@ -286,7 +293,10 @@ def _check_output_kind(t: Target, output: str) -> None:
     want = ".pt2" if t.is_exported else ".fxgraph"
     if suffix != want:
         kind = "an exported program" if t.is_exported else "a GraphModule"
-        raise CliError(f"TARGET {t.text} is {kind}: write it to a {want} file, not {output}", USAGE)
+        raise CliError(
+            f"TARGET {clip(t.text)} is {kind}: write it to a {want} file, not {clip(output)}",
+            USAGE,
+        )
 
 
 def _html_recorder(html, t: Target, spec, check):

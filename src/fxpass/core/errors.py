@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..fxutil.messages import clip, excerpt
+
 __all__ = [
     "CheckFailedError",
     "ConstraintCycleError",
     "FxpassError",
+    "NestingError",
     "NonConvergenceError",
     "OptionError",
     "PassFailedError",
@@ -100,19 +103,26 @@ class ConstraintCycleError(FxpassError, ValueError):
         )
 
 
+class NestingError(FxpassError, ValueError):
+    """Groups of passes nest deeper than fxpass runs them (see
+    :data:`fxpass.core.run.MAX_NESTING`)."""
+
+
 class NonConvergenceError(FxpassError):
     """A fixpoint did not stop changing the graph within its iteration limit."""
 
 
 class SpecError(FxpassError, ValueError):
-    """A textual pipeline spec is malformed. ``column`` is 1-based."""
+    """A textual pipeline spec is malformed. ``column`` is 1-based. The message shows the
+    spec under it (a long one: the part around the column) with a ``^`` at the column."""
 
     def __init__(self, message: str, spec: str, column: int) -> None:
         self.message = message
         self.spec = spec
         self.column = column
-        pointer = " " * (column - 1) + "^"
-        super().__init__(f"{message} (column {column})\n  {spec}\n  {pointer}")
+        shown, at = excerpt(spec, column)
+        pointer = " " * (at - 1) + "^"
+        super().__init__(f"{message} (column {column})\n  {shown}\n  {pointer}")
 
 
 class UnknownPassError(SpecError, KeyError):
@@ -126,7 +136,7 @@ class UnknownPassError(SpecError, KeyError):
             if self.suggestions
             else "; `fxpass list` shows the registered passes"
         )
-        SpecError.__init__(self, f"unknown pass '{name}'{hint}", spec or name, column)
+        SpecError.__init__(self, f"unknown pass '{clip(name)}'{hint}", spec or name, column)
 
     def __str__(self) -> str:  # KeyError would otherwise quote the message
         return self.args[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["cwd_on_path", "import_modules", "op_registrars", "resolve_import"]
+__all__ = ["cwd_on_path", "import_modules", "op_registrars", "resolve_import", "unknown_op"]
 
 
 def cwd_on_path() -> None:
@@ -54,6 +54,24 @@ def import_modules(names: Iterable[str]) -> list[ModuleType]:
 #: ``@custom_op("ns::name")``, ``torch.library.define("ns::name", ...)``, ``triton_op``,
 #: ``Library("ns", ...)`` with ``lib.define("name(...)")``.
 _REGISTERS = re.compile(rb"\b(custom_op|triton_op|define|Library)\s*\(")
+
+
+#: How torch says a program calls an op no loaded module registers.
+_UNKNOWN_OP = re.compile(r"resolve torch\.ops\.(\w+)\.(\w+)[\w.]* to an operator")
+
+
+def unknown_op(error: BaseException) -> str | None:
+    """The op (``ns::name``) that no loaded module registers, when that is why ``error``
+    (or an exception it was raised from) happened; None otherwise."""
+    seen: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and e not in seen:
+        seen.append(e)
+        found = _UNKNOWN_OP.search(str(e))
+        if found:
+            return f"{found.group(1)}::{found.group(2)}"
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def op_registrars(qualname: str, *, limit: int = 3) -> list[str]:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..fxutil.messages import INPUT_LIMIT, clip
+
 __all__ = ["Option", "Range", "bind_options", "options_of"]
 
 _MISSING = inspect.Parameter.empty
@@ -155,11 +157,11 @@ def bind_options(
 def unknown_option(declared: Mapping[str, Option], key: str, owner: str) -> str:
     """The message for an option ``owner`` does not declare (with the closest name)."""
     if not declared:
-        return f"pass '{owner}' takes no options, but got '{key}'"
+        return f"pass '{owner}' takes no options, but got '{clip(key)}'"
     known = ", ".join(o.describe() for o in declared.values())
-    close = difflib.get_close_matches(key, list(declared), n=1)
+    close = difflib.get_close_matches(key, list(declared), n=1) if len(key) <= INPUT_LIMIT else []
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    return f"pass '{owner}' has no option '{key}'{hint} (its options: {known})"
+    return f"pass '{owner}' has no option '{clip(key)}'{hint} (its options: {known})"
 
 
 def _convert(ann: Any, value: Any, name: str) -> Any:
@@ -170,7 +172,7 @@ def _convert(ann: Any, value: Any, name: str) -> Any:
         base, *extras = typing.get_args(ann)
         value = _convert(base, value, name)
         if not all(e.admits(value) for e in extras if isinstance(e, Range)):
-            raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+            raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {clip(repr(value))}")
         return value
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(ann):
@@ -178,29 +180,29 @@ def _convert(ann: Any, value: Any, name: str) -> Any:
                 return _convert(arg, value, name)
             except _Mismatch:
                 continue
-        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {clip(repr(value))}")
     if origin is typing.Literal:
         if value in typing.get_args(ann):
             return value
-        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {clip(repr(value))}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+            raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {clip(repr(value))}")
         args = [a for a in typing.get_args(ann) if a is not Ellipsis]
         items = [_convert(args[0], v, name) if args else v for v in value]
         return tuple(items) if origin is tuple else items
     if ann is type(None):
         if value is None:
             return None
-        raise _Mismatch(f"option '{name}' expects none, got {value!r}")
+        raise _Mismatch(f"option '{name}' expects none, got {clip(repr(value))}")
     if ann is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if ann is bool and not isinstance(value, bool):
-        raise _Mismatch(f"option '{name}' expects bool, got {value!r}")
+        raise _Mismatch(f"option '{name}' expects bool, got {clip(repr(value))}")
     if ann is int and isinstance(value, bool):
-        raise _Mismatch(f"option '{name}' expects int, got {value!r}")
+        raise _Mismatch(f"option '{name}' expects int, got {clip(repr(value))}")
     if isinstance(ann, type) and not isinstance(value, ann):
-        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {value!r}")
+        raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {clip(repr(value))}")
     return value
 
 
@@ -223,7 +225,7 @@ def _parse_scalar(ann: Any, text: str, quoted: bool, name: str) -> Any:
             return _convert(ann, value, name)
         except _Mismatch:
             continue
-    raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {text!r}")
+    raise _Mismatch(f"option '{name}' expects {_type_name(ann)}, got {clip(repr(text))}")
 
 
 def _parse(ann: Any, raw: str | list, quoted: bool, name: str) -> Any:

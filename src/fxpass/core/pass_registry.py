@@ -31,6 +31,7 @@ from typing import Any
 
 from torch import fx
 
+from ..fxutil.messages import INPUT_LIMIT
 from .analysis_manager import preserved_names
 from .contract import FunctionPass, Pass, is_lowering, metadata_keys, pass_of
 from .errors import OptionError, UnknownPassError
@@ -397,7 +398,11 @@ class Registry:
         try:
             return self._infos[name]
         except KeyError:
-            close = difflib.get_close_matches(name, list(self._infos), n=3, cutoff=0.6)
+            close = (  # a name far longer than any registered one is close to none
+                difflib.get_close_matches(name, list(self._infos), n=3, cutoff=0.6)
+                if len(name) <= INPUT_LIMIT
+                else []
+            )
             raise UnknownPassError(name, close) from None
 
     def info_of(self, obj: Any) -> PassInfo | None:

@@ -43,14 +43,22 @@ from torch import fx
 from .checks import Check
 from .context import current_context
 from .contract import Pass
-from .errors import ConstraintCycleError, NonConvergenceError, PassFailedError
+from .errors import ConstraintCycleError, NestingError, NonConvergenceError, PassFailedError
 from .instrument import Instrumentation
 from .options import Option, Range
 from .pass_order import topological_order
 from .pass_registry import REGISTRY, Registry, as_pass
 from .report import PassRecord
 from .requirements import check_requirements
-from .run import DEFAULT_POLICY, PassGroup, PassResult, RunPolicy, instrumented, run_pass
+from .run import (
+    DEFAULT_POLICY,
+    PassGroup,
+    PassResult,
+    RunPolicy,
+    check_nesting,
+    instrumented,
+    run_pass,
+)
 from .spec import build_pipeline
 
 __all__ = [
@@ -125,6 +133,11 @@ class Pipeline(PassGroup, Pass):
     def add(self, p: Any) -> Pipeline:
         """Append a pass; returns the pipeline so calls chain."""
         self._passes.append(as_pass(p))
+        try:
+            check_nesting(self)
+        except NestingError:
+            self._passes.pop()
+            raise
         self._ordered = None
         return self
 

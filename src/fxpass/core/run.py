@@ -24,7 +24,7 @@ from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
 from ..fxutil.messages import first_line
 from .checks import Check, after_leaf, run_checks, watch
 from .context import DebugCounter, PassContext, _activate, current_context, scoped
-from .errors import PassFailedError
+from .errors import NestingError, PassFailedError
 from .instrument import Instrumentation
 from .ranges import range_skip
 from .recompile import DeferredRecompile
@@ -33,10 +33,12 @@ from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
 
 __all__ = [
     "DISABLED",
+    "MAX_NESTING",
     "PassGroup",
     "PassResult",
     "RunPolicy",
     "instrumented",
+    "nesting",
     "run_pass",
 ]
 
@@ -109,6 +111,42 @@ class RunPolicy:
 DEFAULT_POLICY = RunPolicy()
 
 
+#: How many levels of groups may nest inside a group: ``fixpoint(fixpoint(cse))`` nests 2.
+#: Real pipelines nest two or three; the limit keeps every walk over a pipeline (running it,
+#: printing it, its report, its cache key) far from Python's recursion limit, and a deeper
+#: one is a :class:`~fxpass.core.errors.NestingError` (in a spec, a ``SpecError``).
+MAX_NESTING = 32
+
+
+def nesting(group: Any) -> int:
+    """How many levels of groups nest inside ``group`` (0 for a group of plain passes),
+    counted without recursion; a count over :data:`MAX_NESTING` stops at
+    ``MAX_NESTING + 1`` (so a group that holds itself is counted too)."""
+    deepest = 0
+    best: dict[int, int] = {}
+    stack = [(group, 0)]
+    while stack:
+        g, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_NESTING:
+            return depth
+        for p in g._passes:
+            if isinstance(p, PassGroup) and best.get(id(p), -1) < depth + 1:
+                best[id(p)] = depth + 1
+                stack.append((p, depth + 1))
+    return deepest
+
+
+def check_nesting(group: Any) -> None:
+    """Raise :class:`~fxpass.core.errors.NestingError` when ``group`` nests deeper than
+    :data:`MAX_NESTING`."""
+    if nesting(group) > MAX_NESTING:
+        raise NestingError(
+            f"{group.name} nests groups of passes more than {MAX_NESTING} levels deep "
+            f"(fixpoint(fixpoint(cse)) nests 2), deeper than fxpass runs them: flatten it"
+        )
+
+
 class PassGroup:
     """Passes (already :class:`~fxpass.Pass` objects) run in order on one GraphModule as one
     run, with the group's checks; a :class:`~fxpass.Pipeline` is a group that also reads
@@ -140,6 +178,7 @@ class PassGroup:
         self.run_checks_after_each_pass = run_checks_after_each_pass
         self.suppress_check_failures = suppress_check_failures
         self.instrument: list[Instrumentation] = list(instrument)
+        check_nesting(self)
 
     @property
     def passes(self) -> list[Any]:
@@ -148,7 +187,12 @@ class PassGroup:
 
     def set_passes(self, passes: Iterable[Any]) -> None:
         """Replace the passes (already pass objects), e.g. with required passes inserted."""
-        self._passes = list(passes)
+        passes, self._passes = self._passes, list(passes)
+        try:
+            check_nesting(self)
+        except NestingError:
+            self._passes = passes
+            raise
 
     def add_checks(self, *checks: Check) -> PassGroup:
         """Run ``checks`` after every pass that changes the graph (ExecuTorch's add_checks)."""
@@ -203,6 +247,7 @@ class PassGroup:
         if outer is not None:  # called from inside a pass of another run: join it
             new_gm, modified = self._run_nested(gm, outer, None)
             return PassResult(new_gm, modified)
+        check_nesting(self)  # a group nested before passes were added to it
         instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
         ctx = PassContext(
             sample_inputs=sample_inputs,

@@ -29,14 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..fxutil.messages import clip
 from .contract import Pass, pass_of
-from .errors import OptionError, SpecError, UnknownPassError
+from .errors import NestingError, OptionError, SpecError, UnknownPassError
 from .imports import resolve_import
 from .options import _Mismatch
 from .pass_registry import REGISTRY, Registry
 from .ranges import RangeSyntaxError, parse_ranges
 from .requirements import check_requirements, with_required
-from .run import PassGroup
+from .run import MAX_NESTING, PassGroup, nesting
 
 __all__ = ["Element", "build_pipeline", "parse_spec"]
 
@@ -78,6 +79,7 @@ class _Parser:
     def __init__(self, spec: str) -> None:
         self.s = spec
         self.i = 0
+        self.depth = 0  # parentheses open where reading is (at most MAX_NESTING)
 
     def error(self, message: str, at: int | None = None) -> SpecError:
         return SpecError(message, self.s, (self.i if at is None else at) + 1)
@@ -132,8 +134,18 @@ class _Parser:
             self.i += 1
             self.skip_ws()
             if self.peek() == ")":
-                raise self.error(f"'{name}(...)' needs at least one pass inside the parentheses")
+                raise self.error(
+                    f"'{clip(name)}(...)' needs at least one pass inside the parentheses"
+                )
+            if self.depth == MAX_NESTING:
+                raise self.error(
+                    f"passes nest more than {MAX_NESTING} levels deep here, deeper than fxpass "
+                    "runs them: flatten the spec",
+                    open_at,
+                )
+            self.depth += 1
             el.children = self.pipeline(")", open_at)
+            self.depth -= 1
             if self.peek() != ")":  # pragma: no cover - pipeline() only returns at ')'
                 raise self.error(f"missing ')' to close the '(' at column {open_at + 1}")
             self.i += 1
@@ -157,14 +169,14 @@ class _Parser:
             key, key_at = self.name("an option name")
             self.skip_ws()
             if self.peek() != "=":
-                raise self.error(f"expected '=' after option '{key}', got {self.describe()}")
+                raise self.error(f"expected '=' after option '{clip(key)}', got {self.describe()}")
             self.i += 1
             self.skip_ws()
             value_at = self.i
             value, quoted = self.value(key)
             text = self.s[value_at : self.i]
             if any(o.key == key for o in out):
-                raise self.error(f"option '{key}' is given twice", key_at)
+                raise self.error(f"option '{clip(key)}' is given twice", key_at)
             out.append(OptionText(key, key_at + 1, value, quoted, text, value_at + 1))
 
     def value(self, key: str) -> tuple[Any, bool]:
@@ -211,7 +223,7 @@ class _Parser:
         while self.i < len(self.s) and self.s[self.i] not in _STOP:
             self.i += 1
         if self.i == start:
-            raise self.error(f"expected a value for option '{key}', got {self.describe()}")
+            raise self.error(f"expected a value for option '{clip(key)}', got {self.describe()}")
         return self.s[start : self.i], False
 
 
@@ -229,11 +241,14 @@ def parse_spec(spec: str) -> list[Element]:
 def _reference(el: Element, spec: str, registry: Any) -> Any:
     """The PassInfo for ``module:qualname`` (registered, or read from the object's
     signature when options are given), or the pass itself for other objects."""
+    name = clip(el.name)
     try:
         obj = resolve_import(el.name)
     except Exception as e:
         raise SpecError(
-            f"cannot import pass '{el.name}': {type(e).__name__}: {e}", spec, el.column
+            f"cannot import pass '{name}': {type(e).__name__}: {clip(str(e), 160)}",
+            spec,
+            el.column,
         ) from None
     info = registry.info_of(obj)
     is_factory = inspect.isfunction(obj) or (isinstance(obj, type) and issubclass(obj, Pass))
@@ -243,7 +258,7 @@ def _reference(el: Element, spec: str, registry: Any) -> Any:
         return info
     if el.options or el.children is not None:
         raise SpecError(
-            f"'{el.name}' is a {type(obj).__name__}, not a registered pass, function or Pass "
+            f"'{name}' is a {type(obj).__name__}, not a registered pass, function or Pass "
             "class; it takes no options or nested passes",
             spec,
             el.column,
@@ -251,7 +266,7 @@ def _reference(el: Element, spec: str, registry: Any) -> Any:
     try:
         p = pass_of(obj)
     except TypeError as e:
-        raise SpecError(f"'{el.name}': {e}", spec, el.column) from None
+        raise SpecError(f"'{name}': {e}", spec, el.column) from None
     p = copy.copy(p) if p is obj else p  # the module's object stays as it was
     p.written_as = el.text()  # prints back as the reference
     return p
@@ -293,6 +308,7 @@ def _ranges(el: Element, spec: str) -> dict | None:
 
 
 def _make(el: Element, spec: str, registry: Any, columns: dict[int, int]) -> Any:
+    name = clip(el.name)
     if ":" in el.name:
         info = _reference(el, spec, registry)
         if isinstance(info, Pass):
@@ -303,10 +319,10 @@ def _make(el: Element, spec: str, registry: Any, columns: dict[int, int]) -> Any
         except UnknownPassError as e:
             raise UnknownPassError(el.name, e.suggestions, spec, el.column) from None
     if el.children is not None and not info.takes_pipeline:
-        raise SpecError(f"pass '{el.name}' does not take a nested pipeline", spec, el.paren_column)
+        raise SpecError(f"pass '{name}' does not take a nested pipeline", spec, el.paren_column)
     if el.children is None and info.takes_pipeline:
         raise SpecError(
-            f"'{el.name}' takes a nested pipeline: write {el.name}(pass1,pass2)",
+            f"'{name}' takes a nested pipeline: write {name}(pass1,pass2)",
             spec,
             el.column + len(el.name),
         )
@@ -317,13 +333,17 @@ def _make(el: Element, spec: str, registry: Any, columns: dict[int, int]) -> Any
     children = [_build(c, spec, registry, columns) for c in el.children] if el.children else None
     try:
         return info.make(values, children, spec=el.text())
+    except NestingError as e:  # a module:qualname pipeline inside made it too deep
+        raise SpecError(str(e), spec, el.column) from None
     except _Mismatch as e:
         raise OptionError(str(e), spec, el.column) from None
     except (ValueError, TypeError) as e:  # a pass's own constructor refused its options
         if isinstance(e, SpecError):
             raise
         raise OptionError(
-            f"pass '{el.name}' refused its options: {type(e).__name__}: {e}", spec, el.column
+            f"pass '{name}' refused its options: {type(e).__name__}: {clip(str(e), 160)}",
+            spec,
+            el.column,
         ) from None
 
 
@@ -351,7 +371,12 @@ def build_pipeline(
     registry = registry or REGISTRY
     elements = parse_spec(spec)
     columns: dict[int, int] = {}
-    pipe = make([_build(el, spec, registry, columns) for el in elements])
+    passes = [_build(el, spec, registry, columns) for el in elements]
+    try:
+        pipe = make(passes)
+    except NestingError as e:  # a module:qualname pipeline that nests too deep by itself
+        deep = [p for p in passes if isinstance(p, PassGroup) and nesting(p) >= MAX_NESTING]
+        raise SpecError(str(e), spec, columns.get(id(deep[0]), 1) if deep else 1) from None
     if insert_required:
         return with_required(pipe)
     check_requirements(pipe, spec=spec, columns=columns)

@@ -30,6 +30,7 @@ __all__ = [
     "ReferenceUnavailable",
     "check_tolerances",
     "compare_outputs",
+    "low_precision",
     "run_graph_promoted",
     "tolerance_for",
 ]
@@ -184,6 +185,11 @@ class Comparison:
                 text += (
                     f"; {n} of them beyond tolerance but no less accurate than the original "
                     "against a float32 run (low-precision rounding)"
+                )
+            if self.no_reference:
+                text += (
+                    f"; no float32 reference ({self.no_reference}): low-precision outputs were "
+                    "judged by tolerance alone"
                 )
             return text
         more = f" ({len(self.failures)} outputs differ)" if len(self.failures) > 1 else ""
@@ -395,6 +401,17 @@ def _promote(value: Any) -> Any:
     return value
 
 
+class _PromotedCall:
+    """A subgraph (``wrap_with_set_grad_enabled``'s, ``cond``'s branches) run promoted, as a
+    higher-order op calls it in eager mode."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+
+    def __call__(self, *args: Any) -> Any:
+        return _Promoted(self.gm).run(*args)
+
+
 class _Promoted(fx.Interpreter):
     """Runs a graph in float32 wherever it would compute in float16 or bfloat16."""
 
@@ -402,7 +419,10 @@ class _Promoted(fx.Interpreter):
         return pytree.tree_map(_promote, super().placeholder(target, args, kwargs))
 
     def get_attr(self, target, args, kwargs):
-        return pytree.tree_map(_promote, super().get_attr(target, args, kwargs))
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, fx.GraphModule):  # a subgraph a higher-order op calls: promoted too
+            return _PromotedCall(value)
+        return pytree.tree_map(_promote, value)
 
     def call_function(self, target, args, kwargs):
         args, kwargs = pytree.tree_map(_promote, (args, kwargs))
@@ -422,6 +442,15 @@ class ReferenceUnavailable:
     why: str
 
 
+def low_precision(gm: fx.GraphModule, inputs: Sequence[Any] = ()) -> bool:
+    """Does ``gm`` compute in float16 or bfloat16 (by its values' metadata or its inputs)?"""
+    return any(
+        isinstance(v, torch.Tensor) and v.dtype in _LOW_PRECISION
+        for n in gm.graph.nodes
+        for v in pytree.tree_leaves(n.meta.get("val"))
+    ) or any(isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION for x in inputs)
+
+
 def run_graph_promoted(
     gm: fx.GraphModule, inputs: Sequence[Any]
 ) -> list[Any] | ReferenceUnavailable | None:
@@ -432,12 +461,7 @@ def run_graph_promoted(
     tensors (nothing to tell apart); a :class:`ReferenceUnavailable` saying why when it does
     not run promoted (an op with a fixed dtype contract).
     """
-    low = any(
-        isinstance(v, torch.Tensor) and v.dtype in _LOW_PRECISION
-        for n in gm.graph.nodes
-        for v in pytree.tree_leaves(n.meta.get("val"))
-    ) or any(isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION for x in inputs)
-    if not low:
+    if not low_precision(gm, inputs):
         return None
     # copies, as run_graph makes: a graph that writes to an input must not change the
     # caller's (promoted tensors are copies already)
