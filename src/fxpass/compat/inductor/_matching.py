@@ -34,6 +34,7 @@ from ...rewrite.match import MISSING, MatchState
 from ...rewrite.order import find_cycle
 from ...rewrite.region import seen_through
 from ._compile import Exclusive, Items, OpCall, SizeLeaf
+from ._exprs import Ignored
 
 __all__ = ["InductorMatching", "same", "same_size"]
 
@@ -60,7 +61,10 @@ def same(p: Any, v: Any) -> bool:
 def same_size(have: Any, want: Any) -> bool:
     """Whether the graph's value ``have`` is the size-derived value ``want``. A symbolic
     ``want`` (a dynamic-shape graph) accepts anything, as Inductor's re-traced pattern (its
-    symbolic sizes are placeholders) does."""
+    symbolic sizes are placeholders) does; so does an ``Ignored`` one (a size of an inner
+    value of the pattern, which the trace does not express)."""
+    if isinstance(want, Ignored):
+        return True
     if isinstance(want, (list, tuple)):
         return (
             isinstance(have, (list, tuple))
