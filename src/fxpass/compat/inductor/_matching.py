@@ -267,7 +267,13 @@ class InductorMatching(Interpreter):
             order = st.order() if callable(st.order) else st.order
             if order is not None:
                 hi = max(sort_key(r) for r in st.roots)
-                via = find_cycle(order, set(matched).union(soft), hi)
+                region = set(matched).union(soft)
+                via = find_cycle(order, region, hi)
+                if via is not None and not self.relaxed and not soft:
+                    # by Inductor's rules the replacement reads the bound values alone: a
+                    # path back into the match through an argument it ignores (a size
+                    # computed from an output, in a dynamic-shape graph) goes with the match
+                    via = _reaches_inputs(region, env, hi)
                 if via is not None:
                     return self.no(
                         st, lambda: f"cycle: replacing it would go through {_show(via)}", via
@@ -283,6 +289,35 @@ class InductorMatching(Interpreter):
             seen_through=soft,
         )
         return True
+
+
+def _reaches_inputs(region: set[Node], env: dict[str, Any], hi: Any) -> Node | None:
+    """A node outside ``region`` on a path from it to a bound value (an input of the
+    replacement), or None."""
+    inputs = {v for v in _nodes_in(env.values()) if v not in region}
+    stack = [u for n in region for u in n.users if u not in region and sort_key(u) < hi]
+    seen: set[Node] = set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        if u in inputs:
+            return u
+        seen.add(u)
+        stack.extend(w for w in u.users if w not in region and sort_key(w) < hi)
+    return None
+
+
+def _nodes_in(values: Any) -> list[Node]:
+    out = []
+    for v in values:
+        if isinstance(v, Node):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(_nodes_in(v))
+        elif isinstance(v, dict):
+            out.extend(_nodes_in(v.values()))
+    return out
 
 
 def _droppable_users(matched: dict, outs: list, drop: frozenset) -> list[Node]:
