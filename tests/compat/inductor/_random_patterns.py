@@ -17,7 +17,8 @@ Python source (``Case.source``), so a disagreement can be written out as a repro
     print(case.source)
 
 ``Case.equivalent`` says whether the replacement computes what the search function does
-(then a rewritten program must still compute the original's outputs); ``Case.kind`` how the
+(then a rewritten program must still compute the original's outputs; otherwise it adds 1 to
+each result, or returns the first input for each); ``Case.kind`` how the
 pattern was made (``"cut"``, ``"cut+output"``: an intermediate used outside made an output,
 ``"cut+input"``: an input returned as well, ``"cut+unanchored"``: an output sharing nothing
 with the others added, ``"made_up"``). Programs compute some things twice, on the same or
@@ -232,6 +233,7 @@ def random_case(rng: random.Random) -> Case:
             Stmt(renamed[s.name], s.op, s.template, [renamed[a] for a in s.args], s.shape)
             for s in piece
         ]
+        shape_of |= {s.name: s.shape for s in piece}
         results, kind = [piece[-1].name], "made_up"
         if rng.random() < 0.9:  # only what the result reads (else: unused inputs, dead code)
             live = {piece[-1].name}
@@ -259,6 +261,15 @@ def random_case(rng: random.Random) -> Case:
         spelled = [_respell(rng, s) for s in piece]
         repl_src = _function(
             "replacement", list(names.values())[: len(inputs)], spelled, results, names
+        )
+    elif rng.random() < 0.3 and all(shape_of.get(r) == shape_of[inputs[0]] for r in results):
+        # an input for every output: the whole match is dead once replaced
+        params_ = list(names.values())[: len(inputs)]
+        repl_src = "\n".join(
+            [
+                f"def replacement({', '.join(params_)}):",
+                f"    return {', '.join([params_[0]] * len(results))}",
+            ]
         )
     else:  # computes something else: both matchers must still agree on what they leave
         bumped = [*piece, *(Stmt(f"{r}_b", "add", "{0} + 1.0", [r], ()) for r in results)]

@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from _differential import compare, outcome, signatures
+from _differential import compare, outcome, program_graph, signatures
 from _ind_support import MATCHERS, make_graph, pattern_matcher
 from _random_patterns import Case, random_case
 from hypothesis import HealthCheck, event, given, settings
@@ -27,11 +27,11 @@ aten = torch.ops.aten
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(st.integers(0, 2**32 - 1))
-def test_random_patterns_leave_what_inductor_leaves(seed):
+@given(st.integers(0, 2**32 - 1), st.booleans())
+def test_random_patterns_leave_what_inductor_leaves(seed, dynamic):
     case = random_case(random.Random(seed))
-    verdict = compare(case)
-    event(f"{case.kind}: {verdict.kind}")
+    verdict = compare(case, dynamic)
+    event(f"{case.kind}{' (dynamic)' if dynamic else ''}: {verdict.kind}")
     assert verdict.agree, f"{verdict}\n{case.source}"
 
 
@@ -119,6 +119,43 @@ def test_sizes_of_inner_values_are_not_checked_and_static_ones_are_folded():
     queries = {aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int}
     assert not [n for n in results["fxpass"].gm.graph.nodes if n.target in queries]
     assert compare(case).agree
+
+
+def test_a_size_computed_from_an_output_does_not_block_the_match():
+    """With symbolic sizes, the second ``cat``'s view reads a size computed from the first
+    ``cat`` (an output of the match) outside the match: Inductor replaces it (leaving that
+    size computation dead), and so does fxpass — the replacement reads the bound inputs
+    alone, so the path back into the match goes with it; its own sizes stay symbolic."""
+    case = _case(CAT_TWICE, [(2, 4), (2, 4)], [(2, 4), (2, 4)])
+    assert compare(case, dynamic=True).agree
+    gm = program_graph(case, dynamic=True)
+    ours = outcome("fxpass", case, gm)
+    assert ours.count == 1
+    assert ours.gm.graph.find_nodes(op="call_function", target=aten.sym_size.int)
+    a, b = torch.randn(3, 4), torch.randn(5, 4)
+    for got, want in zip(ours.gm(a, b), case.program(a, b)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_value_matched_twice_does_not_stand_for_two(dynamic):
+    """``x0 * x1`` matches ``v * v`` first (the walk goes from the last node): traced for
+    that match, the search function reads one input twice (``x1 * x1``). That trace is not
+    the one for a match binding two values (``a * b``), which Inductor re-traces for."""
+    source = """
+def program(a, b):
+    v = a * b
+    return v * v
+
+def search(x0, x1):
+    return x0 * x1
+
+def replacement(x0, x1):
+    return x1 * x0
+"""
+    case = _case(source, [(3, 3), (3, 3)], [(3, 3), (3, 3)])
+    assert compare(case, dynamic).agree
+    assert outcome("fxpass", case, program_graph(case, dynamic)).count == 2
 
 
 # ----- where Inductor fails: fxpass leaves a valid graph ----------------------------------
