@@ -158,6 +158,37 @@ def replacement(x0, x1):
     assert outcome("fxpass", case, program_graph(case, dynamic)).count == 2
 
 
+def test_a_bound_value_computed_from_an_output_blocks_only_a_replacement_reading_it():
+    """``x2`` is bound to ``a0 * sub``, computed from the match's output ``sub``: a
+    replacement that does not read ``x2`` is applied, as Inductor applies it; one that reads
+    it would form a cycle, and is not (Inductor's graph then reads a value before it is
+    defined)."""
+    source = """
+def program(a0, a1):
+    v0 = a0 - a1
+    v1 = a0 * v0
+    v2 = v0 + v1
+    return torch.neg(v1), v2
+
+def search(x0, x1, x2):
+    t0 = x0 - x1
+    return t0 + x2, t0
+
+def replacement(x0, x1, x2):
+    return x0, x0
+"""
+    case = _case(source, [(3, 4), (3, 4)], [(3, 4)] * 3, equivalent=False)
+    assert compare(case).agree
+    assert outcome("fxpass", case, program_graph(case)).count == 1
+    reads = _case(
+        source.replace("return x0, x0", "return x0 - x1 + x2, x0 - x1"), [(3, 4)] * 2, [(3, 4)] * 3
+    )
+    results = _both(reads)
+    assert results["inductor"].stage == "run"
+    assert (results["fxpass"].stage, results["fxpass"].count) == ("ok", 0)
+    assert compare(reads).agree
+
+
 # ----- where Inductor fails: fxpass leaves a valid graph ----------------------------------
 def test_a_float_bound_where_the_replacement_needs_a_tensor_is_no_match():
     """``x0 + x1`` matches ``a + 0.5`` with ``x1 = 0.5``; a replacement calling

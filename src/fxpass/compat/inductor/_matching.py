@@ -36,7 +36,7 @@ from ...rewrite.region import seen_through
 from ._compile import Exclusive, Items, OpCall, SizeLeaf
 from ._exprs import Ignored
 
-__all__ = ["InductorMatching", "same", "same_size"]
+__all__ = ["InductorMatching", "dependent_values", "same", "same_size"]
 
 Cont = Callable[[], bool]
 
@@ -272,8 +272,10 @@ class InductorMatching(Interpreter):
                 if via is not None and not self.relaxed and not soft:
                     # by Inductor's rules the replacement reads the bound values alone: a
                     # path back into the match through an argument it ignores (a size
-                    # computed from an output, in a dynamic-shape graph) goes with the match
-                    via = _reaches_inputs(region, env, hi)
+                    # computed from an output, in a dynamic-shape graph) goes with the
+                    # match; one to a bound value is a cycle only if the replacement reads
+                    # that value, which the entry applying it knows (dependent_values)
+                    via = None
                 if via is not None:
                     return self.no(
                         st, lambda: f"cycle: replacing it would go through {_show(via)}", via
@@ -291,21 +293,26 @@ class InductorMatching(Interpreter):
         return True
 
 
-def _reaches_inputs(region: set[Node], env: dict[str, Any], hi: Any) -> Node | None:
-    """A node outside ``region`` on a path from it to a bound value (an input of the
-    replacement), or None."""
-    inputs = {v for v in _nodes_in(env.values()) if v not in region}
+def dependent_values(found: Match) -> set[Node]:
+    """The values a match binds that are computed from its own nodes (through nodes outside
+    it): a replacement reading one would form a cycle."""
+    region = set(found.nodes)
+    inputs = {v for v in _nodes_in(found.bindings.values()) if v not in region}
+    if not inputs or not region:
+        return set()
+    hi = max(sort_key(n) for n in region)
     stack = [u for n in region for u in n.users if u not in region and sort_key(u) < hi]
     seen: set[Node] = set()
+    out: set[Node] = set()
     while stack:
         u = stack.pop()
         if u in seen:
             continue
-        if u in inputs:
-            return u
         seen.add(u)
+        if u in inputs:
+            out.add(u)
         stack.extend(w for w in u.users if w not in region and sort_key(w) < hi)
-    return None
+    return out
 
 
 def _nodes_in(values: Any) -> list[Node]:
