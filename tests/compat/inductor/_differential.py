@@ -198,6 +198,8 @@ def compare(case: Case, dynamic: bool = False) -> Verdict:
             return Verdict(False, "outputs", "the two graphs compute different values")
         return _valid(case, ours, "same")
     kind = f"inductor fails at {theirs.stage}: {theirs.error_type}"
+    if ours.stage == "run":  # a graph that does not run is never right
+        return Verdict(False, kind, f"fxpass's graph does not run: {ours.error}")
     if ours.stage == theirs.stage and ours.error_type == theirs.error_type:
         return Verdict(True, kind + " (fxpass too)")
     if ours.stage != "ok":

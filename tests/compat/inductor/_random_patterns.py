@@ -1,29 +1,30 @@
 """Random programs and patterns for differential tests of Inductor's pattern matcher.
 
-:func:`random_case` draws, from a ``random.Random``, a small tensor program over
-``add/mul/sub/relu/neg/sum/cat/view`` (values used more than once, dead values, several
-outputs) and a ``register_replacement`` pair for it: a search function cut out of the
-program (so it matches somewhere, unless an intermediate it covers is also read outside it)
-or made up over the program's shapes, and a replacement. Every function is generated as
-Python source (``Case.source``), so a disagreement can be written out as a repro::
+:func:`random_case` draws, from a ``random.Random`` (deterministically), a small tensor
+program over ``add/mul/sub/relu/neg/sum/cat/view`` (values read more than once, several
+outputs, some computations repeated so a pattern may match at several sites) and a
+``register_replacement`` pair for it: a search function cut out of the program (so it
+matches somewhere, unless an intermediate it covers is also read outside it) or made up over
+the program's shapes, and a replacement. Every function is generated as Python source
+(``Case.source``), so a disagreement can be written out as a standalone repro::
 
     import random
     from _random_patterns import random_case
 
     case = random_case(random.Random(7))
-    program, inputs, search, replacement = case  # a Case unpacks so
-    # register_replacement(search, replacement, case.search_inputs, fwd_only, pass_)
-    gm = torch.fx.experimental.proxy_tensor.make_fx(program)(*inputs)
+    program, inputs, search, replacement = case  # a Case unpacks as this 4-tuple
+    register_replacement(search, replacement, case.search_inputs, fwd_only, pass_)
     print(case.source)
 
+``inputs`` are the program's inputs; ``case.search_inputs`` the example inputs for
+``register_replacement``, each shaped as the program value its search parameter stands for.
 ``Case.equivalent`` says whether the replacement computes what the search function does
 (then a rewritten program must still compute the original's outputs; otherwise it adds 1 to
-each result, or returns the first input for each); ``Case.kind`` how the
-pattern was made (``"cut"``, ``"cut+output"``: an intermediate used outside made an output,
-``"cut+input"``: an input returned as well, ``"cut+unanchored"``: an output sharing nothing
-with the others added, ``"made_up"``). Programs compute some things twice, on the same or
-other values, so a pattern may match at several sites.
-Each example input has the shape of the program value the search parameter stands for.
+each result, or returns the first input for each); ``Case.kind`` how the pattern was made:
+``"cut"``; ``"cut+output"`` (an intermediate read outside the cut made an output too);
+``"cut+input"`` (an input returned as well); ``"cut+unanchored"`` (an output sharing nothing
+with the others added); ``"made_up"``. :mod:`_differential` runs a case through Inductor and
+fxpass and gives the verdict.
 """
 
 from __future__ import annotations

@@ -236,6 +236,32 @@ def replacement(x0):
     assert compare(case).agree
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_readers_of_an_input_returned_by_the_search_function_stay_where_they_are(dynamic):
+    """The search function returns its input ``x0`` (``relu``) besides ``x2 * cat(x0, x1)``:
+    the readers of ``relu`` — ``x2`` among them — are not moved behind the replacement (it
+    would then read ``x2`` before it is defined)."""
+    source = """
+def program(a0, a1):
+    v1 = torch.relu(a1)
+    v2 = torch.cat([a1, a0])
+    v3 = torch.cat([v1, a1])
+    v4 = torch.cat([a1, v1])
+    return v4 * v3, v2, v4
+
+def search(x0, x1, x2):
+    t0 = torch.cat([x0, x1])
+    return x2 * t0, x0
+
+def replacement(x0, x1, x2):
+    return torch.cat([x0, x1], 0) * x2, x0
+"""
+    case = _case(source, [(3, 4), (3, 4)], [(3, 4), (3, 4), (6, 4)])
+    ours = outcome("fxpass", case, program_graph(case, dynamic))
+    assert (ours.stage, ours.count) == ("ok", 1), ours.error
+    assert compare(case, dynamic).agree
+
+
 def test_a_multi_output_replacement_goes_in_before_the_last_output():
     """Inductor puts a multi-output replacement before the earliest output of the match: an
     input of the match computed after that output is read before it is defined."""

@@ -287,6 +287,11 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
                 "is used other than through getitem",
             )
         outs, pick, extra_nodes = users, [u.args[1] for u in users], users
+    else:
+        inside = set(_nodes(match, match._found))
+        keep = [i for i, o in enumerate(outs) if o in inside]
+        if len(keep) < len(outs):  # an output that is an input of the match: its readers
+            outs, pick = [outs[i] for i in keep], keep  # keep reading it
     run = match._run
     rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
     found = match._found
