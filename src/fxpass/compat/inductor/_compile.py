@@ -295,6 +295,17 @@ class Compiled:
     sizes: list[SizeLeaf] = field(default_factory=list)
     relaxed: bool = False
     multi_user: set[int] = field(default_factory=set)  # ids of expressions with many users
+    #: why the pattern can never match (Inductor's words), else None: an output of a
+    #: MultiOutputPattern that shares nothing with the outputs before it
+    unanchored: str | None = None
+
+
+def _no_anchor(output: Any) -> str:
+    text = repr(output)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return (
+        f"no anchor found: output {text} shares no node and no argument with the outputs before it"
+    )
 
 
 class _NoReplacement:
@@ -332,6 +343,10 @@ class _Translator:
                     q.output = True
         roots: list[Pattern] = []
         inner: list[str] = []
+        # Inductor finds each later output from the nodes the ones before it matched
+        # (``find_anchor_nodes``); one that shares no node and no argument with them has no
+        # anchor: the pattern registers and never matches
+        unanchored = None
         for e, p in zip(outputs, pats):
             if p is None:
                 continue
@@ -341,30 +356,44 @@ class _Translator:
                 inner.append(p.name)
             elif isinstance(p, (OpCall, AnyOf)):
                 roots.append(p)
+            elif roots:  # an argument no output before it reads
+                unanchored = unanchored or _no_anchor(e)
             else:
                 raise PatternError(
-                    f"MultiOutputPattern output {e!r} is neither an op pattern nor part of the "
-                    "outputs before it, so it can never be matched"
+                    f"the first output of a MultiOutputPattern must be an op pattern, got {e!r}"
                 )
-        try:
-            rule = InductorRule(
-                tuple(roots),
-                _NoReplacement(),
-                name=type(expr).__name__,
-                outputs=inner,
-                contained=False,
-                location="",
-            )
-        except ValueError as e:
-            raise PatternError(
-                f"{expr!r}: every output of a MultiOutputPattern must share a node or an "
-                f"argument with the outputs before it ({e})"
-            ) from None
+        rule, unanchored = self._rule(expr, roots, inner, unanchored)
         rule.sizes = tuple(self.sizes)
         for c in self.calls:
             c.finish()
         multi_user = {id(e) for e in walk(expr) if e.has_multiple_users()}
-        return Compiled(expr, rule, self.names, outputs, self.sizes, self.relaxed, multi_user)
+        return Compiled(
+            expr, rule, self.names, outputs, self.sizes, self.relaxed, multi_user, unanchored
+        )
+
+    def _rule(
+        self, expr: PatternExpr, roots: list[Pattern], inner: list[str], unanchored: str | None
+    ) -> tuple[InductorRule, str | None]:
+        """The rule of ``roots``; where a root shares nothing with the ones before it, the
+        rule of the roots before it, and why the pattern never matches."""
+        name = type(expr).__name__
+        for k in range(len(roots), 0, -1):
+            bound = {n for r in roots[:k] for n in r.names()}
+            try:
+                rule = InductorRule(
+                    tuple(roots[:k]),
+                    _NoReplacement(),
+                    name=name,
+                    outputs=[n for n in inner if n in bound],
+                    contained=False,
+                    location="",
+                )
+            except ValueError:
+                continue
+            if k < len(roots):
+                unanchored = _no_anchor(roots[k].expr if isinstance(roots[k], OpCall) else roots[k])
+            return rule, unanchored
+        raise AssertionError("a rule of one root always links")
 
     def pattern(self, e: Any, *, nested: bool = False) -> Pattern:
         key = (id(e), nested and isinstance(e, (Arg, Ignored, KeywordArg, ExclusiveKeywordArg)))

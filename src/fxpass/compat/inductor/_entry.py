@@ -141,6 +141,8 @@ def find(pattern: PatternExpr, node: Node, st: MatchState, improve: bool) -> Mat
     """The match of ``pattern`` at ``node`` by Inductor's rules or (``improve``) the relaxed
     ones; a relaxed-only match has ``_extra`` set."""
     compiled = compile_pattern(pattern)
+    if compiled.unanchored is not None:
+        return None
     if attempt(compiled.rule, node, st, STRICT):
         m = assemble(compiled, st.found.bindings, node.graph)
         m._found = st.found
@@ -174,7 +176,7 @@ def explain_failure(pattern: PatternExpr, node: Node, improve: bool = False) -> 
     st = MatchState(order=lazy_order(node.graph))
     interp = EXPLAIN_RELAXED if improve else EXPLAIN_STRICT
     if attempt(compiled.rule, node, st, interp):
-        return "matches"
+        return compiled.unanchored or "matches"
     return st.why or f"no match at %{node.name}"
 
 

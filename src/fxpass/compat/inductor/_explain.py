@@ -131,7 +131,8 @@ def why_not(entry: PatternEntry, node: Node, improve: bool) -> tuple[bool, bool,
         return (False, False, reason, 10_000)
     compiled = compile_pattern(entry.pattern)
     st = MatchState(order=lazy_order(node.graph))
-    attempt(compiled.rule, node, st, EXPLAIN_STRICT)
+    if attempt(compiled.rule, node, st, EXPLAIN_STRICT):  # the outputs before the unanchored
+        return (False, False, compiled.unanchored or "no match", 10_000)
     reason, depth = st.why or "no match", st.why_depth
     if improve:
         st = MatchState(order=lazy_order(node.graph))

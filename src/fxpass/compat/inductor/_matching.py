@@ -34,8 +34,9 @@ from ...rewrite.match import MISSING, MatchState
 from ...rewrite.order import find_cycle
 from ...rewrite.region import seen_through
 from ._compile import Exclusive, Items, OpCall, SizeLeaf
+from ._exprs import Ignored
 
-__all__ = ["InductorMatching", "same", "same_size"]
+__all__ = ["InductorMatching", "dependent_values", "same", "same_size"]
 
 Cont = Callable[[], bool]
 
@@ -60,7 +61,10 @@ def same(p: Any, v: Any) -> bool:
 def same_size(have: Any, want: Any) -> bool:
     """Whether the graph's value ``have`` is the size-derived value ``want``. A symbolic
     ``want`` (a dynamic-shape graph) accepts anything, as Inductor's re-traced pattern (its
-    symbolic sizes are placeholders) does."""
+    symbolic sizes are placeholders) does; so does an ``Ignored`` one (a size of an inner
+    value of the pattern, which the trace does not express)."""
+    if isinstance(want, Ignored):
+        return True
     if isinstance(want, (list, tuple)):
         return (
             isinstance(have, (list, tuple))
@@ -263,7 +267,15 @@ class InductorMatching(Interpreter):
             order = st.order() if callable(st.order) else st.order
             if order is not None:
                 hi = max(sort_key(r) for r in st.roots)
-                via = find_cycle(order, set(matched).union(soft), hi)
+                region = set(matched).union(soft)
+                via = find_cycle(order, region, hi)
+                if via is not None and not self.relaxed and not soft:
+                    # by Inductor's rules the replacement reads the bound values alone: a
+                    # path back into the match through an argument it ignores (a size
+                    # computed from an output, in a dynamic-shape graph) goes with the
+                    # match; one to a bound value is a cycle only if the replacement reads
+                    # that value, which the entry applying it knows (dependent_values)
+                    via = None
                 if via is not None:
                     return self.no(
                         st, lambda: f"cycle: replacing it would go through {_show(via)}", via
@@ -279,6 +291,40 @@ class InductorMatching(Interpreter):
             seen_through=soft,
         )
         return True
+
+
+def dependent_values(found: Match) -> set[Node]:
+    """The values a match binds that are computed from its own nodes (through nodes outside
+    it): a replacement reading one would form a cycle."""
+    region = set(found.nodes)
+    inputs = {v for v in _nodes_in(found.bindings.values()) if v not in region}
+    if not inputs or not region:
+        return set()
+    hi = max(sort_key(n) for n in region)
+    stack = [u for n in region for u in n.users if u not in region and sort_key(u) < hi]
+    seen: set[Node] = set()
+    out: set[Node] = set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u in inputs:
+            out.add(u)
+        stack.extend(w for w in u.users if w not in region and sort_key(w) < hi)
+    return out
+
+
+def _nodes_in(values: Any) -> list[Node]:
+    out = []
+    for v in values:
+        if isinstance(v, Node):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(_nodes_in(v))
+        elif isinstance(v, dict):
+            out.extend(_nodes_in(v.values()))
+    return out
 
 
 def _droppable_users(matched: dict, outs: list, drop: frozenset) -> list[Node]:

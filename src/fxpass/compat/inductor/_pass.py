@@ -36,6 +36,7 @@ from ...rewrite.region import lazy_order
 from ...rewrite.rewriter import Rewriter
 from ._entry import GraphPatternEntry, PatternEntry, debug_node, explain_failure, find, log
 from ._explain import PassExplanation, explain_pass, miss_hints
+from ._matching import dependent_values
 from ._options import improvements_on
 from ._regions import is_mutation_op, unsupported_node
 
@@ -237,6 +238,13 @@ class _Run:
         if not self.one_region(m.nodes) or not _one_stream(m.nodes):
             return
         m._run = self
+        if (
+            isinstance(entry, GraphPatternEntry)
+            and m._found is not None
+            and not m._extra
+            and dependent_values(m._found)
+        ):  # a bound value computed from the match's nodes: what the handler reads is unknown
+            return
         if not _truthy(entry.extra_check(m)):
             return
         if not self.rewriter.editor.allow():

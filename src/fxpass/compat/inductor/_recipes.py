@@ -155,15 +155,19 @@ def _contiguous(shape: Sequence[int], stride: Sequence[Any]) -> bool:
 def signature(values: Sequence[Any], grads: Sequence[bool] | None = None) -> tuple:
     """What a trace with symbolic sizes depends on: per tensor its dtype, device, rank,
     which sizes are 0 or 1, whether it is contiguous and requires grad (``grads[i]`` when
-    given: the example's, as the trace sees it); other values themselves."""
+    given: the example's, as the trace sees it) and which earlier input it is, if any (one
+    value passed twice is traced as one: ``x * y`` becomes ``y * y``); other values
+    themselves."""
     out: list[Any] = []
+    first: dict[int, int] = {}
     for i, v in enumerate(values):
         if isinstance(v, torch.Tensor):
             shape = tuple(v.shape)
             small = tuple(s if isinstance(s, int) and s < 2 else -1 for s in shape)
             contiguous = _contiguous(shape, v.stride()) if _concrete(shape) else None
             grad = grads[i] if grads is not None else v.requires_grad
-            out.append(("T", v.dtype, str(v.device), v.dim(), small, contiguous, grad))
+            same = first.setdefault(id(v), i)
+            out.append(("T", v.dtype, str(v.device), v.dim(), small, contiguous, grad, same))
         else:
             try:
                 hash(v)
@@ -175,11 +179,13 @@ def signature(values: Sequence[Any], grads: Sequence[bool] | None = None) -> tup
 
 def static_signature(values: Sequence[Any]) -> tuple | None:
     out: list[Any] = []
-    for v in values:
+    first: dict[int, int] = {}
+    for i, v in enumerate(values):
         if isinstance(v, torch.Tensor):
             if not (_concrete(v.shape) and _concrete(v.stride())):
                 return None
-            out.append((v.dtype, str(v.device), tuple(v.shape), tuple(v.stride())))
+            same = first.setdefault(id(v), i)  # as in signature
+            out.append((v.dtype, str(v.device), tuple(v.shape), tuple(v.stride()), same))
         else:
             out.append(signature([v]))
     return tuple(out)

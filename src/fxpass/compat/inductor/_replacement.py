@@ -44,7 +44,7 @@ from ._entry import (
 )
 from ._exprs import FailedMatch, PatternExpr
 from ._match import Match
-from ._matching import same_size
+from ._matching import dependent_values, same_size
 from ._pass import PatternMatcherPass
 from ._recipes import ReplacementRecipe, value_of, wanted
 from ._replay import Replay, apply_replay
@@ -102,6 +102,17 @@ class ReplacementPatternEntry(PatternEntry):
         if self.check is None:
             return None if self.extra_check(match) else "extra_check returned False"
         return self.check(match, True)
+
+
+def _acyclic(found: Any, variant: Any, flat: list[Any]) -> bool:
+    """Whether the replacement reads (or returns) none of the bound values computed from the
+    match's own nodes (:func:`dependent_values`): replacing would form a cycle otherwise."""
+    dependent = dependent_values(found)
+    if not dependent:
+        return True
+    phs = variant.replacement.gm.graph.find_nodes(op="placeholder")
+    phs = phs[len(phs) - len(flat) :]  # after the size symbols
+    return not any(v in dependent and ph.users for ph, v in zip(phs, flat))
 
 
 def _slots_hold(slots: list, match: Match) -> bool:
@@ -259,12 +270,17 @@ def register_replacement(
         if not guard_or_false(extra_check(found)):
             return no("extra_check returned False")
         if explaining:
+            if match._found is not None and not _acyclic(match._found, variant, flat):
+                return "cycle: the replacement reads a value computed from the match's nodes"
             return None
         return accept(match, variant, structured)
 
     def accept(match: Match, variant: Any, structured: dict[str, Any]) -> bool:
         literals = {key: (structured[name],) for key, name in recipe.literals.items()}
-        match.__dict__["_replay"] = variant.replay(normalize_args(**structured), literals)
+        flat = normalize_args(**structured)
+        if match._found is not None and not _acyclic(match._found, variant, flat):
+            return False
+        match.__dict__["_replay"] = variant.replay(flat, literals)
         match.replacement_graph = variant.replacement.gm
         match.kwargs = structured
         return True

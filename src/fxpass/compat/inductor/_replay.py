@@ -88,6 +88,7 @@ class Replay:
         #: each gets the copy computing the same value, if the replacement has one
         self.shared: list[Node] = []
         self.chains: set[Node] = set()  # views and no-op casts the match saw through
+        self._symbols: dict[Any, tuple[int, str, int]] | None = None  # size symbol -> source
         phs = self.plan.phs
         self.sym_phs = phs[: len(self.sources)]
         self.in_phs = phs[len(self.sources) :]
@@ -146,9 +147,14 @@ class Replay:
                 continue
             if n.op != "call_function":
                 raise NotImplementedError(f"replacement graphs may not contain {n.op} nodes ({n})")
-            if n in sized and not _has_node((args, kwargs)):
-                env[n] = n.target(*args, **kwargs)  # a size, computed from static sizes
-                continue
+            if n in sized:
+                if not _has_node((args, kwargs)):
+                    env[n] = n.target(*args, **kwargs)  # a size, computed from static sizes
+                    continue
+                static = self._static(n)
+                if static is not None:  # x.numel() and the like, where the sizes are static
+                    env[n] = static
+                    continue
             env[n] = new = self.editor.create(graph, "call_function", n.target, args, kwargs)
             for key in _META:
                 if key in n.meta:
@@ -159,6 +165,35 @@ class Replay:
         if self.shared:
             return self.result + tuple(self._same_as(graph, n) for n in self.shared)
         return tuple(result) if isinstance(result, (list, tuple)) else result
+
+    def _static(self, n: Node) -> int | None:
+        """The value of the traced size ``n`` (a query on a tensor, as ``x.numel()`` in a
+        decomposition, rather than arithmetic on the size symbols) where every size symbol
+        it depends on is static in this match; else None (it is computed in the graph)."""
+        expr = getattr(getattr(n.meta.get("val"), "node", None), "expr", None)
+        if expr is None:
+            return None
+        if self._symbols is None:
+            self._symbols = {}
+            for ph, src in zip(self.sym_phs, self.sources):
+                sym = getattr(getattr(ph.meta.get("val"), "node", None), "expr", None)
+                if sym is not None and getattr(sym, "is_Symbol", False):
+                    self._symbols[sym] = src
+        sub = {}
+        for sym in expr.free_symbols:
+            src = self._symbols.get(sym)
+            if src is None:
+                return None
+            i, kind, d = src
+            try:
+                v = size_of(self.args[i], kind, d)
+            except LookupError:
+                return None
+            if type(v) is not int:
+                return None
+            sub[sym] = v
+        v = expr.xreplace(sub)
+        return int(v) if getattr(v, "is_Integer", False) else None
 
     def _same_as(self, graph: fx.Graph, old: Node) -> Node:
         """A node of the replacement computing what ``old`` computes (the same op on the
@@ -252,6 +287,11 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
                 "is used other than through getitem",
             )
         outs, pick, extra_nodes = users, [u.args[1] for u in users], users
+    else:
+        inside = set(_nodes(match, match._found))
+        keep = [i for i, o in enumerate(outs) if o in inside]
+        if len(keep) < len(outs):  # an output that is an input of the match: its readers
+            outs, pick = [outs[i] for i in keep], keep  # keep reading it
     run = match._run
     rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
     found = match._found
