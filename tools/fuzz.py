@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import importlib
-import importlib.util
 import json
 import re
 import sys
@@ -49,25 +47,12 @@ TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
 sys.path.insert(0, str(TOOLS))
 
+import fuzz_external  # noqa: E402
+from fuzz_external import Unavailable, load_file  # noqa: E402
 from fuzz_rewrite import Finding, Skip  # noqa: E402
 
 OWN = ("rewrite", "pipeline", "rollback")
 DEFAULT = (*OWN, "fx", "inductor", "pt2")
-
-
-class Unavailable(Exception):
-    """A fuzzer whose module is not in this checkout."""
-
-
-def _load_file(path: Path, name: str) -> Any:
-    if not path.exists():
-        raise Unavailable(f"{path.relative_to(ROOT)} is not in this checkout")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.parent))
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_fuzzer(name: str) -> Any:
@@ -77,23 +62,12 @@ def make_fuzzer(name: str) -> Any:
         import fuzz_rewrite
 
         return fuzz_rewrite.FUZZERS[name]()
-    if name == "fx":
-        from fuzz_external import FxFuzzer
-
-        return FxFuzzer(_load_file(ROOT / "tests" / "_random_programs.py", "_random_programs"))
-    if name == "inductor":
-        from fuzz_external import InductorFuzzer
-
-        path = ROOT / "tests" / "compat" / "inductor" / "_random_patterns.py"
-        return InductorFuzzer(_load_file(path, "_random_patterns"))
-    if name == "pt2":
-        from fuzz_external import Pt2Fuzzer
-
-        return Pt2Fuzzer(_load_file(TOOLS / "fuzz_pt2.py", "fuzz_pt2"))
+    if name in ("fx", "inductor", "pt2"):
+        return fuzz_external.make(name)
     if ":" in name:
         file, cls = name.rsplit(":", 1)
         path = Path(file).resolve()
-        return getattr(_load_file(path, path.stem), cls)()
+        return getattr(load_file(path), cls)()
     raise KeyError(name)
 
 
@@ -152,6 +126,7 @@ def run(
     log: Any = print,
 ) -> dict[str, Tally]:
     """Run ``fuzzers`` round-robin for ``minutes``; return their tallies."""
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     tallies = {f.name: Tally() for f in fuzzers}
     stop = time.monotonic() + minutes * 60
