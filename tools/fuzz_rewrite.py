@@ -88,21 +88,27 @@ class PNode:
 
 @dataclasses.dataclass(frozen=True)
 class Cut:
-    """A pattern function's parameters and nodes (the last is the root), and for each node
-    whether the replacement spells it another way."""
+    """A pattern function's parameters and nodes (the last is the root), for each node
+    whether the replacement spells it another way, and the inner nodes it also returns
+    (the rule's extra outputs: values used outside the match)."""
 
     params: tuple[str, ...]
     nodes: tuple[PNode, ...]
     spell: tuple[bool, ...]
+    extra: tuple[str, ...] = ()
+
+    @property
+    def returned(self) -> str:
+        return ", ".join((self.root, *self.extra)) if self.extra else self.root
 
     def pattern_source(self) -> str:
-        return _function("pattern", self.params, [_call(n) for n in self.nodes], self.root)
+        return _function("pattern", self.params, [_call(n) for n in self.nodes], self.returned)
 
     def replacement_source(self) -> str:
         lines: list[str] = []
         for node, alt in zip(self.nodes, self.spell):
             lines.extend(_respelled(node) if alt else [_call(node)])
-        return _function("replacement", self.params, lines, self.root)
+        return _function("replacement", self.params, lines, self.returned)
 
     @property
     def root(self) -> str:
@@ -114,23 +120,29 @@ class Cut:
         return env["pattern"], env["replacement"]
 
     def shrinks(self) -> list[Cut]:
-        """Smaller patterns: a node other than the root made a parameter; no respelling."""
+        """Smaller patterns: fewer outputs; a node other than the root made a parameter; no
+        respelling."""
         out = []
+        if self.extra:
+            out.append(dataclasses.replace(self, extra=()).used())
         if any(self.spell):
             out.append(dataclasses.replace(self, spell=(False,) * len(self.nodes)))
         for i in range(len(self.nodes) - 1):
             gone = self.nodes[i].name
-            fresh = f"p{len(self.params)}"
+            fresh = f"p{1 + max((int(p[1:]) for p in self.params), default=-1)}"
             nodes = tuple(_rename(n, gone, fresh) for n in self.nodes[i + 1 :])
             cut = Cut(
-                (*self.params, fresh), self.nodes[:i] + nodes, self.spell[:i] + self.spell[i + 1 :]
+                (*self.params, fresh),
+                self.nodes[:i] + nodes,
+                self.spell[:i] + self.spell[i + 1 :],
+                tuple(e for e in self.extra if e != gone),
             )
             out.append(cut.used())
         return out
 
     def used(self) -> Cut:
-        """Without nodes and parameters the root does not need."""
-        need = {self.root}
+        """Without nodes and parameters the returned values do not need."""
+        need = {self.root, *self.extra}
         keep = []
         for node, alt in reversed(list(zip(self.nodes, self.spell))):
             if node.name in need:
@@ -138,7 +150,7 @@ class Cut:
                 need.update(_refs(node))
         keep.reverse()
         params = tuple(p for p in self.params if p in need)
-        return Cut(params, tuple(n for n, _ in keep), tuple(a for _, a in keep))
+        return Cut(params, tuple(n for n, _ in keep), tuple(a for _, a in keep), self.extra)
 
 
 def _refs(node: PNode) -> set[str]:
@@ -246,18 +258,17 @@ def cut_from_graph(graph: fx.Graph, rng: random.Random, size: int) -> Cut | None
     candidates = [n for n in graph.nodes if _cuttable(n)]
     if not candidates:
         return None
-    chosen = [rng.choice(candidates)]
-    contained_only = rng.random() < 0.8  # usually a cut torch's containment rule accepts
+    # roots late in the graph more often: they have ancestors to grow into
+    chosen = [candidates[max(rng.randrange(len(candidates)), rng.randrange(len(candidates)))]]
+    contained_only = rng.random() < 0.6  # often a cut torch's containment rule accepts
     while len(chosen) < size:
         inside = set(chosen)
         frontier = [
-            i
-            for n in chosen
-            for i in n.all_input_nodes
-            if i not in inside
-            and _cuttable(i)
-            and (not contained_only or all(u in inside for u in i.users))
+            i for n in chosen for i in n.all_input_nodes if i not in inside and _cuttable(i)
         ]
+        contained = [i for i in frontier if all(u in inside for u in i.users)]
+        if contained_only and contained:
+            frontier = contained
         if not frontier:
             break
         chosen.append(rng.choice(frontier))
@@ -286,7 +297,10 @@ def cut_from_graph(graph: fx.Graph, rng: random.Random, size: int) -> Cut | None
         for n in chosen
     )
     spell = tuple(rng.random() < 0.5 for _ in nodes)
-    return Cut(tuple(params.values()), nodes, spell)
+    escaping = [
+        names[n] for n in chosen[:-1] if any(u not in names for u in n.users) and rng.random() < 0.7
+    ]
+    return Cut(tuple(params.values()), nodes, spell, tuple(escaping))
 
 
 _UNARY = ("aten.neg.default", "aten.relu.default", "aten.exp.default", "aten.rsqrt.default")
@@ -444,10 +458,10 @@ def _rule(cut: Cut, commute: bool, replacement: Any = None, **options: Any):
     return rule
 
 
-def _torchlike(m: Any) -> bool:
-    """Whether torch's matcher could report ``m``: each input binds its own node, one that
-    the match does not also cover."""
-    bound = [v for k, v in m.bindings.items()]
+def _torchlike(m: Any, params: tuple[str, ...]) -> bool:
+    """Whether torch's matcher could report ``m``: each input (``params``) binds its own
+    node, one that the match does not also cover."""
+    bound = [m.bindings[p] for p in params if p in m.bindings]
     if not all(isinstance(v, fx.Node) for v in bound):
         return False
     inner = set(m.nodes)
@@ -592,7 +606,9 @@ class RewriteFuzzer:
         except Exception as e:  # broad: reported as a finding
             return _error("match", e)
         if torch_sets is not None:
-            our_sets = {frozenset(n.name for n in m.nodes) for m in ours if _torchlike(m)}
+            our_sets = {
+                frozenset(n.name for n in m.nodes) for m in ours if _torchlike(m, case.cut.params)
+            }
             if not case.commute and our_sets != torch_sets:
                 return Finding(
                     "rewrite:matches",
@@ -614,7 +630,7 @@ class RewriteFuzzer:
         if (
             torch_sets is not None
             and not case.commute
-            and all(_torchlike(m) for m in ours)
+            and all(_torchlike(m, case.cut.params) for m in ours)
             and _disjoint(torch_sets)
         ):
             try:
@@ -680,8 +696,11 @@ class PipelineFuzzer:
         import fxpass as fp
 
         program = _normy(rng) if rng.random() < 0.25 else random_program(rng)
-        if rng.random() < 0.5:
+        r = rng.random()
+        if r < 0.4:
             spec = "default"
+        elif r < 0.55:
+            spec = "remove_assert_ops,fuse_add_rmsnorm,fixpoint(cse,dce)"  # the README's
         else:
             names = list(fp.registry.pass_list("default").names())
             picked = [n for n in names if rng.random() < 0.5] or names[:1]
