@@ -114,6 +114,12 @@ class Cut:
     def root(self) -> str:
         return self.nodes[-1].name
 
+    def terminates(self) -> bool:
+        """Whether rewriting to a fixpoint must stop: the replacement calls no op of the
+        pattern's root, so it cannot be the root of a new match."""
+        target = self.nodes[-1].target
+        return f"= {target}(" not in self.replacement_source()
+
     def functions(self) -> tuple[Any, Any]:
         env: dict[str, Any] = {"torch": torch, "aten": aten}
         exec(self.pattern_source() + self.replacement_source(), env)
@@ -528,6 +534,7 @@ class RewriteCase:
     variant: str  # "lifted" (ep.graph_module) or "unlifted" (ep.module())
     commute: bool
     seed: int
+    fixpoint: bool = False  # the fixpoint driver, where the replacement cannot match again
 
 
 class RewriteFuzzer:
@@ -546,13 +553,17 @@ class RewriteFuzzer:
             cut = cut_from_graph(_graph_module(ep, variant).graph, rng, rng.randint(1, 4))
             if cut is None:
                 cut = made_up_cut(rng)
-        return RewriteCase(program, cut, variant, rng.random() < 0.5, rng.randrange(1000))
+        return RewriteCase(
+            program, cut, variant, rng.random() < 0.5, rng.randrange(1000), rng.random() < 0.4
+        )
 
     def shrinks(self, case: RewriteCase) -> list[RewriteCase]:
         out = [dataclasses.replace(case, cut=c) for c in case.cut.shrinks()]
         out += [dataclasses.replace(case, program=p) for p in case.program.shrinks()]
         if case.commute:
             out.append(dataclasses.replace(case, commute=False))
+        if case.fixpoint:
+            out.append(dataclasses.replace(case, fixpoint=False))
         if case.variant == "unlifted":
             out.append(dataclasses.replace(case, variant="lifted"))
         return out
@@ -622,7 +633,7 @@ class RewriteFuzzer:
                 )
         before = set(gm.graph.nodes)
         try:
-            result = rewrite(gm, [rule], once=True)
+            result = rewrite(gm, [rule], once=not (case.fixpoint and case.cut.terminates()))
         except Exception as e:  # broad: reported as a finding
             return _error("rewrite", e)
         self.notes["cases with rewrites"] += bool(result.rewrites)
@@ -630,6 +641,7 @@ class RewriteFuzzer:
         if (
             torch_sets is not None
             and not case.commute
+            and not (case.fixpoint and case.cut.terminates())
             and all(_torchlike(m, case.cut.params) for m in ours)
             and _disjoint(torch_sets)
         ):
