@@ -216,10 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             fuzzers.append(make_fuzzer(name))
         except KeyError:
             parser.error(f"unknown fuzzer {name!r}; known: {', '.join(DEFAULT)} or file.py:Class")
-        except Unavailable as e:
+        except (Unavailable, ImportError) as e:
+            why = str(e) if isinstance(e, Unavailable) else f"{type(e).__name__}: {e}"
             if args.fuzzer:  # asked for by name: say so and stop
-                parser.error(f"fuzzer {name!r} is not available: {e}")
-            unavailable[name] = str(e)
+                parser.error(f"fuzzer {name!r} is not available: {why}")
+            unavailable[name] = why
     if not fuzzers:
         parser.error("no fuzzer is available")
     tallies = run(fuzzers, args.minutes, args.seed, args.out, args.shrink_seconds)
