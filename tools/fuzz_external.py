@@ -152,7 +152,7 @@ class FxFuzzer:
             compare(*drawn)
         except Exception as e:  # broad: a failed comparison is the finding
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-4:])
-            shown = "\n".join(f"{type(x).__name__}: {x}" for x in drawn[:2])
+            shown = "\n".join(x.code.strip() if hasattr(x, "code") else repr(x) for x in drawn)
             return Finding(_assertion_key(which, e, self.diff.__file__), f"{shown}\n{tb}")
         return None
 
