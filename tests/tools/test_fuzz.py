@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import fuzz  # noqa: E402
+import fuzz_checks as fc  # noqa: E402
+import fuzz_patterns as fpat  # noqa: E402
 import fuzz_rewrite as fr  # noqa: E402
 from fuzz_programs import Op, Program, random_program  # noqa: E402
 
@@ -80,26 +82,28 @@ def test_random_programs_run_and_shrink():
 
 def test_a_wrong_replacement_is_found(monkeypatch):
     """The output check has teeth: a 'respelling' that changes the value is reported."""
-    ep = fr._export(_neg_program())
-    cut = fr.cut_from_graph(ep.graph_module.graph, random.Random(0), 1)
+    ep = fc.exported(_neg_program())
+    cut = fpat.cut_from_graph(ep.graph_module.graph, random.Random(0), 1)
     cut = fr.Cut(cut.params, cut.nodes, (True,) * len(cut.nodes))
-    monkeypatch.setattr(fr, "_respelled", lambda node: [fr._call(node, target="aten.abs.default")])
+    monkeypatch.setattr(
+        fpat, "_respelled", lambda node: [fpat._call(node, target="aten.abs.default")]
+    )
     case = fr.RewriteCase(_neg_program(), cut, "lifted", False, 0)
     finding = fr.RewriteFuzzer().check(case)
     assert finding is not None and finding.key == "outputs", finding
 
 
 def test_a_stale_meta_val_is_found():
-    ep = fr._export(_neg_program())
+    ep = fc.exported(_neg_program())
     gm = ep.graph_module
     node = next(n for n in gm.graph.nodes if n.target is aten.neg.default)
-    assert fr._value_mismatch(gm, [node]) is None
+    assert fc.value_mismatch(gm, [node]) is None
     node.meta["val"] = node.meta["val"].to(torch.bfloat16)
-    assert "meta['val']" in fr._value_mismatch(gm, [node])
+    assert "meta['val']" in fc.value_mismatch(gm, [node])
 
 
 def test_a_change_left_behind_is_seen():
-    gm = fr._export(_neg_program()).graph_module
+    gm = fc.exported(_neg_program()).graph_module
     before = fr._snapshot(gm)
     node = next(n for n in gm.graph.nodes if n.target is aten.neg.default)
     node.meta["stack_trace"] = "changed"
