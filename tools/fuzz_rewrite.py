@@ -131,6 +131,7 @@ class RewriteFuzzer:
         return script(self, case, finding, explain)
 
     def check(self, case: RewriteCase) -> Finding | None:
+        from torch.fx.passes.utils.fuser_utils import validate_partition
         from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
         from fxpass.rewrite import rewrite
@@ -149,16 +150,18 @@ class RewriteFuzzer:
                 remove_overlapping_matches=False,
                 ignore_literals=False,
             ).match(ref.graph)
-            torch_sets = {
-                frozenset(
-                    gn.name
-                    for pn, gn in m.nodes_map.items()
-                    if pn.op not in ("placeholder", "output")
-                )
+            inner = [
+                [gn for pn, gn in m.nodes_map.items() if pn.op not in ("placeholder", "output")]
                 for m in theirs
-            }
+            ]
+            # torch also reports matches that a path leaving and re-entering makes cyclic
+            # (fxpass refuses them, as torch's own validate_partition would): torch's fault
+            acyclic = [nodes for nodes in inner if validate_partition(nodes)]
+            torch_sets = {frozenset(n.name for n in nodes) for nodes in acyclic}
+            torch_cyclic = len(acyclic) < len(inner)
+            self.notes["torch cyclic matches left out"] += torch_cyclic
         except Exception:  # broad: torch's own failure is not a disagreement
-            torch_sets = None
+            torch_sets, torch_cyclic = None, False
             self.notes["torch matcher failed"] += 1
         gm = graph_module(ep, case.variant)
         try:
@@ -193,6 +196,7 @@ class RewriteFuzzer:
         self.notes["cases torch matched"] += bool(torch_sets)
         if (
             torch_sets is not None
+            and not torch_cyclic
             and not case.commute
             and not (case.fixpoint and case.cut.terminates())
             and all(torchlike(m, case.cut.params) for m in ours)
