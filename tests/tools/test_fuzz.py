@@ -210,3 +210,44 @@ def test_cases_print_as_data_that_rebuilds_them(name):
     assert textwrap.dedent(fuzzer.repro(case, fr.Finding("k", "d"))).startswith(
         '"""fxpass fuzz repro'
     )
+
+
+def test_a_cyclic_torch_match_is_torchs_fault():
+    """Found by a 20-minute run: torch's SubgraphMatcher reports a match that a path leaving
+    it and coming back makes cyclic (the second add's other input is computed from the
+    first); fxpass refuses it and says why, so the fuzzer must not count it as a miss."""
+    from torch.fx.passes.utils.fuser_utils import validate_partition
+    from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
+
+    from fxpass.rewrite import explain
+
+    program = Program(
+        (((3, 4), "float32"),),
+        (
+            Op("v2", "{0} + {1}", ("x0", "x0")),
+            Op("v6", "torch.add({0}, torch.tensor(0.5))", ("v2",)),
+            Op("v7", "{0} + {1}", ("v6", "v2")),
+        ),
+        ("v7",),
+    )
+    add = "aten.add.Tensor"
+    cut = fpat.Cut(
+        ("p3", "p4"),
+        (
+            fpat.PNode("n1", add, (("ref", "p3"), ("ref", "p3")), ()),
+            fpat.PNode("n3", add, (("ref", "p4"), ("ref", "n1")), ()),
+        ),
+        (False, False),
+        ("n1",),
+    )
+    case = fr.RewriteCase(program, cut, "lifted", False, 615)
+    gm = fc.exported(program).graph_module
+    pattern_fn, _ = cut.functions()
+    theirs = SubgraphMatcher(
+        torch.fx.symbolic_trace(pattern_fn).graph, remove_overlapping_matches=False
+    ).match(gm.graph)
+    inner = [gn for pn, gn in theirs[0].nodes_map.items() if pn.op not in ("placeholder", "output")]
+    assert len(theirs) == 1 and not validate_partition(inner)
+    root = next(n for n in gm.graph.nodes if n.name == "add_2")
+    assert "would create a cycle" in str(explain(fc.make_rule(cut, False), root))
+    assert fr.RewriteFuzzer().check(case) is None
