@@ -23,7 +23,7 @@ def _styles(plan) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("family", sorted(_hf.FAMILIES))
+@pytest.mark.parametrize("family", _hf.SHARDED)
 def test_every_family_splits_its_attention(family):
     ep = _hf.exported(family)
     plan = analyze(ep, 2)
@@ -40,7 +40,7 @@ def test_every_family_splits_its_attention(family):
     assert plan.collectives[-1]["op"] == "all_gather"  # the logits, cut along the vocab
 
 
-@pytest.mark.parametrize("family", sorted(_hf.FAMILIES))
+@pytest.mark.parametrize("family", _hf.SHARDED)
 def test_only_routers_stay_whole_and_say_why(family):
     # a router's top-k or softmax reads all of its output; a gate with one output cannot be
     # cut; everything else — q/k norms over the whole projection, interleaved rotary,
