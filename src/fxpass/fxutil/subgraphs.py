@@ -25,21 +25,25 @@ from torch import fx
 __all__ = ["CONTROL_FLOW_OPS", "control_flow_subgraphs"]
 
 
-def _ops(*names: str) -> frozenset:
-    hop = torch.ops.higher_order
-    return frozenset(op for name in names if (op := getattr(hop, name, None)) is not None)
-
-
-#: Higher-order ops whose subgraph arguments run as ordinary graphs of their own.
-CONTROL_FLOW_OPS: frozenset = _ops(
-    "cond", "map_impl", "while_loop", "scan", "wrap_with_set_grad_enabled", "wrap_with_autocast"
+#: Names of the higher-order ops whose subgraph arguments run as ordinary graphs of their
+#: own. Names, not the operator objects: a pass's uuid digests the globals its code reads,
+#: and an operator's state changes once it has run (the cache key would change with it).
+CONTROL_FLOW_OPS: frozenset[str] = frozenset(
+    {"cond", "map_impl", "while_loop", "scan", "wrap_with_set_grad_enabled", "wrap_with_autocast"}
 )
 
 
+def _runs_subgraphs(user: fx.Node) -> bool:
+    target = user.target
+    return (
+        user.op == "call_function"
+        and isinstance(target, torch._ops.HigherOrderOperator)
+        and target.name() in CONTROL_FLOW_OPS
+    )
+
+
 def _subgraph(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
-    if node.op != "get_attr" or not any(
-        u.op == "call_function" and u.target in CONTROL_FLOW_OPS for u in node.users
-    ):
+    if node.op != "get_attr" or not any(_runs_subgraphs(u) for u in node.users):
         return None
     mod: object = gm
     for part in str(node.target).split("."):
