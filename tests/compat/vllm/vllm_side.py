@@ -1,0 +1,257 @@
+"""vLLM's own compilation passes, run unmodified: the half of the test that runs in the vLLM
+environment (``tools/vllm_env.py``), by subprocess from ``test_vllm_passes.py``.
+
+    .venv-vllm/bin/python tests/compat/vllm/vllm_side.py {stock,fxpass} OUT.json [CASE...]
+
+With ``fxpass``, ``fxpass.compat.inductor.install()`` runs before anything of vLLM's is
+imported, so vLLM's pass modules bind fxpass's pattern matcher exactly as they would bind
+Inductor's. Each case builds a model the way vLLM's ``tests/compile`` does, compiles it with
+``torch.compile`` and Inductor, the passes run as Inductor's ``post_grad_custom_post_pass``
+(as vLLM's ``TestBackend`` runs them), and the case records: every pass's ``matched_count``,
+vLLM's global match table, the post-pass graph (op counts and code), the outputs' bytes, and
+the time spent constructing the passes (registration) and running them (apply).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+MODE = sys.argv[1] if __name__ == "__main__" else "stock"
+if MODE == "fxpass":
+    import fxpass.compat.inductor as fxi
+
+    fxi.install()
+
+import torch  # noqa: E402
+from torch import fx  # noqa: E402
+
+CPU_ONLY_NOTE = "fp8/fused kernels are missing on vLLM's CPU build"
+
+
+# ----- the compile harness: Inductor with the passes as its post-grad custom pass -------------
+class Backend:
+    """Inductor, running ``passes`` after its own post-grad passes (as vLLM's TestBackend)."""
+
+    def __init__(self, passes: list[Callable[[fx.Graph], None]]) -> None:
+        self.passes = passes
+        self.apply_s = 0.0
+        self.graph_post_pass: fx.Graph | None = None
+        self.graph_pre_pass: str = ""
+
+    def post_pass(self, graph: fx.Graph) -> None:
+        self.graph_pre_pass = str(graph)
+        start = time.perf_counter()
+        for p in self.passes:
+            p(graph)
+        self.apply_s += time.perf_counter() - start
+        self.graph_post_pass = graph
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = {"post_grad_custom_post_pass": self.post_pass, "force_disable_caches": True}
+        return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def op_counts(graph: fx.Graph) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for n in graph.nodes:
+        if n.op == "call_function":
+            name = str(n.target)
+            if "auto_functionalized" in name and n.args:
+                name = f"auto_functionalized({n.args[0]})"
+            counts[name] += 1
+    return dict(sorted(counts.items()))
+
+
+def graph_code(graph: fx.Graph) -> str:
+    return graph.python_code("self").src
+
+
+def digest(outputs: Any) -> list[str]:
+    import hashlib
+
+    flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return [
+        hashlib.sha256(t.detach().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+        for t in flat
+    ]
+
+
+def compiled_run(passes: list[Any], model: torch.nn.Module, *inputs: Any) -> dict[str, Any]:
+    torch._dynamo.reset()
+    backend = Backend(passes)
+    with torch.no_grad():  # inference graphs, as vLLM compiles them
+        eager = model(*inputs)
+        out = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    flat_e = eager if isinstance(eager, tuple) else (eager,)
+    flat_o = out if isinstance(out, tuple) else (out,)
+    close = all(torch.allclose(a, b, atol=5e-2, rtol=5e-2) for a, b in zip(flat_e, flat_o))
+    graph = backend.graph_post_pass
+    assert graph is not None, "Inductor never ran the custom post-grad pass"
+    return {
+        "ops": op_counts(graph),
+        "code": graph_code(graph),
+        "outputs": digest(out),
+        "close_to_eager": close,
+        "apply_s": backend.apply_s,
+    }
+
+
+# ----- the cases: each built as vLLM's tests/compile builds it --------------------------------
+def vllm_config():
+    from vllm.config import CompilationConfig, CompilationMode, VllmConfig
+
+    return VllmConfig(compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE))
+
+
+def construct(make: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    p = make()
+    return p, time.perf_counter() - start
+
+
+def case_add_rms_reshape(residual_first: bool) -> dict[str, Any]:
+    """tests/compile/passes/test_rmsnorm_reshape_fusion.py::test_add_rmsnorm_reshape_fusion."""
+    import vllm.ir.ops
+    from vllm.compilation.passes.fusion.add_rms_fusion import (
+        AddRMSNormFusionPass,
+        RMSNormReshapeFusionPass,
+    )
+    from vllm.compilation.passes.utility.noop_elimination import NoOpEliminationPass
+    from vllm.compilation.passes.utility.post_cleanup import PostCleanupPass
+    from vllm.config import set_current_vllm_config
+
+    class AddRMSNormModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(32))
+
+        def forward(self, x: torch.Tensor, residual: torch.Tensor) -> Any:
+            residual = residual + x if residual_first else x + residual
+            rms = vllm.ir.ops.rms_norm(residual, self.weight, 1e-6)
+            return rms.reshape(-1, rms.shape[-1]), residual
+
+    config = vllm_config()
+    with set_current_vllm_config(config):
+        torch.set_default_dtype(torch.bfloat16)
+        torch.manual_seed(0)
+        add, t_add = construct(lambda: AddRMSNormFusionPass(config))
+        reshape, t_reshape = construct(lambda: RMSNormReshapeFusionPass(config))
+        model = AddRMSNormModel()
+        x = torch.randn(2, 7, 32)
+        residual = torch.randn_like(x)
+        passes = [NoOpEliminationPass(config), add, reshape, PostCleanupPass(config)]
+        run = compiled_run(passes, model, x, residual)
+        torch.set_default_dtype(torch.float32)
+    run["matched"] = {"add_rms": add.matched_count, "reshape": reshape.matched_count}
+    run["register_s"] = t_add + t_reshape
+    return run
+
+
+def case_rms_reshape() -> dict[str, Any]:
+    """tests/compile/passes/test_rmsnorm_reshape_fusion.py::test_rmsnorm_reshape_fusion."""
+    import vllm.ir.ops
+    from vllm.compilation.passes.fusion.add_rms_fusion import RMSNormReshapeFusionPass
+    from vllm.compilation.passes.utility.noop_elimination import NoOpEliminationPass
+    from vllm.compilation.passes.utility.post_cleanup import PostCleanupPass
+    from vllm.config import set_current_vllm_config
+
+    class RMSNormModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            rms = vllm.ir.ops.rms_norm(x, self.weight, 1e-6)
+            return rms.reshape(-1, rms.shape[-1])
+
+    config = vllm_config()
+    with set_current_vllm_config(config):
+        torch.set_default_dtype(torch.bfloat16)
+        torch.manual_seed(0)
+        reshape, t = construct(lambda: RMSNormReshapeFusionPass(config))
+        passes = [NoOpEliminationPass(config), reshape, PostCleanupPass(config)]
+        run = compiled_run(passes, RMSNormModel(), torch.randn(2, 7, 32))
+        torch.set_default_dtype(torch.float32)
+    run["matched"] = {"reshape": reshape.matched_count}
+    run["register_s"] = t
+    return run
+
+
+def case_ir_lowering() -> dict[str, Any]:
+    """tests/compile/passes/ir/test_lowering.py: vLLM IR lowered through
+    ``register_graph_pattern(CallFunctionVarArgs(...))`` + ``Match.replace_by_example``."""
+    import vllm.kernels  # noqa: F401  (registers the IR ops' implementations)
+    from vllm import ir
+    from vllm.compilation.passes.ir.lowering_pass import VllmIRLoweringPass
+    from vllm.config import set_current_vllm_config
+    from vllm.ir import ops
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.ones(16, dtype=torch.bfloat16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x2 = ops.rms_norm(x + 4.0, self.weight, 1e-5)
+            x4 = ops.rms_norm(x2 * 5.0, None, 1e-5)
+            return ops.rms_norm(x4 / 2.0, self.weight, 1e-5, 8) + 3.0
+
+    config = vllm_config()
+    results = {}
+    with set_current_vllm_config(config):
+        for provider in ops.rms_norm.supported_providers():
+            lowering, t = construct(lambda: VllmIRLoweringPass(config))
+            with ops.rms_norm.set_priority([provider, "native"]), ir.enable_torch_wrap(True):
+                x = torch.randn(
+                    8, 16, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0)
+                )
+                run = compiled_run([lowering], Model(), x)
+            run["matched"] = {"selected": dict(lowering.selected_impls["rms_norm"])}
+            run["register_s"] = t
+            results[provider] = run
+    return results
+
+
+CASES: dict[str, Callable[[], Any]] = {
+    "add_rms_reshape[residual_first]": lambda: case_add_rms_reshape(True),
+    "add_rms_reshape[branch_first]": lambda: case_add_rms_reshape(False),
+    "rms_reshape": case_rms_reshape,
+    "ir_lowering": case_ir_lowering,
+}
+
+
+def main() -> int:
+    out_path = sys.argv[2]
+    names = sys.argv[3:] or list(CASES)
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()  # the AVX2 build of vllm/_C on machines without AVX-512
+    from vllm.compilation.passes.vllm_inductor_pass import get_match_table
+
+    results: dict[str, Any] = {}
+    for name in names:
+        try:
+            results[name] = {"ok": True, "result": CASES[name]()}
+        except Exception as e:  # broad: reported per case to the driver, which fails it
+            import traceback
+
+            results[name] = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(),
+            }
+    results["_match_table"] = {"ok": True, "result": get_match_table()}
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
