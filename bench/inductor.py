@@ -18,6 +18,13 @@ apply at least 50x faster than Inductor's at 128 layers.
 
     python bench/inductor.py            # 16, 64, 128 layers
     python bench/inductor.py --quick    # 1, 2 layers (a smoke test)
+    python bench/inductor.py --vllm     # vLLM's own passes too (builds .venv-vllm first)
+
+``--vllm`` adds vLLM 0.32.0's real ``AddRMSNormFusionPass`` + ``RMSNormReshapeFusionPass``
+(``bench/vllm_passes.py``, run in the vLLM environment of ``tools/vllm_env.py``, once on
+stock Inductor and once after ``install()``) on Inductor's post-grad graphs of 16/64/128
+layers: the same matches and post-pass ops both ways, registration (the passes' construction,
+as at every vLLM start-up) and apply timed.
 """
 
 from __future__ import annotations
@@ -122,10 +129,48 @@ def _measure(pm, gm0, hidden, repeat):
     return statistics.median(registers), statistics.median(applies), counts, gm
 
 
+def _vllm_section(layers) -> None:
+    """vLLM's own passes, stock vs fxpass, in the vLLM environment (see the docstring)."""
+    import json
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tools"))
+    import vllm_env
+
+    python = vllm_env.build()
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("stock", "fxpass"):
+            out = Path(tmp) / f"{mode}.json"
+            script = str(root / "bench" / "vllm_passes.py")
+            cmd = [str(python), script, mode, str(out), *map(str, layers)]
+            subprocess.run(cmd, check=True, cwd=root, stderr=subprocess.DEVNULL)
+            runs[mode] = json.loads(out.read_text())
+    print()
+    print("vLLM 0.32.0's AddRMSNormFusionPass + RMSNormReshapeFusionPass (ms, best of runs)")
+    print(
+        f"{'layers':>6} {'matches':>28} {'ind. register':>14} {'fx register':>12} "
+        f"{'ind. apply':>11} {'fx apply':>9} {'total ratio':>12}"
+    )
+    for st, fx in zip(runs["stock"], runs["fxpass"]):
+        assert st["matched"] == fx["matched"] and st["ops"] == fx["ops"], (st, fx)
+        ratio = (st["register"] + st["apply"]) / (fx["register"] + fx["apply"])
+        print(
+            f"{st['layers']:>6} {st['matched']!s:>28} {st['register'] * 1e3:>14.1f} "
+            f"{fx['register'] * 1e3:>12.1f} {st['apply'] * 1e3:>11.1f} "
+            f"{fx['apply'] * 1e3:>9.1f} {ratio:>11.1f}x"
+        )
+
+
 def main(argv=None) -> int:
     p = parser(__doc__.splitlines()[0])
+    p.add_argument("--vllm", action="store_true", help="vLLM's own passes too (.venv-vllm)")
     args = p.parse_args(argv)
     layers = [1, 2] if args.quick else [16, 64, 128]
+    if args.vllm:
+        _vllm_section(layers)
     import torch._inductor.pattern_matcher as inductor
 
     matchers = {"inductor": inductor, "fxpass": fxi}

@@ -93,10 +93,34 @@ def test_sizes_other_than_the_examples_are_matched_and_replayed_without_tracing_
     examples = [torch.empty(2, 16), torch.empty(16)]
     count, ours, theirs = agree(gm, args, examples)
     assert count == 3  # eps 1e-5 is another literal: not this pattern
-    # fxpass: the two functions once, and once more for rank-3 inputs (another signature);
+    # fxpass: the search function once to register (as Inductor), then the two functions
+    # once per signature (rank 2, rank 3), with the first sizes seen, reused by the others;
     # Inductor: the pattern once, the search function again at each of the 4 sites it
     # matches size-blind, the replacement again at each of the 3 it keeps
-    assert ours == 4 and theirs == 1 + 4 + count
+    assert ours == 1 + 2 * 2 and theirs == 1 + 4 + count
+
+
+def test_registration_traces_as_inductor_and_many_sizes_share_one_symbolic_trace():
+    """Registering traces the search function once, as Inductor's does; matches of one
+    signature trace the two functions with the first sizes met, and all other sizes share
+    one trace with symbolic sizes (Inductor: two traces per match)."""
+
+    def many(*xs_and_w):
+        *xs, w = xs_and_w
+        return [search(x, w) for x in xs]
+
+    args = [torch.randn(rows, 32) for rows in (2, 3, 5, 7, 9, 11)] + [torch.randn(32)]
+    gm = make_graph(many, *args)
+    examples = [torch.empty(2, 16), torch.empty(16)]
+    pm = pattern_matcher("fxpass")
+    calls: list = []
+    pm.register_replacement(
+        search, replace, examples, counting(pm.fwd_only, calls), pm.PatternMatcherPass()
+    )
+    assert len(calls) == 1  # the search function, as Inductor
+    count, ours, theirs = agree(gm, args, examples)
+    assert count == 6
+    assert ours == 1 + 2 + 2 and theirs == 1 + 2 * count
 
 
 def test_other_dtypes_match_as_inductor_s_retrace_finds_them():
@@ -104,7 +128,9 @@ def test_other_dtypes_match_as_inductor_s_retrace_finds_them():
     gm = make_graph(model, *args)
     count, ours, _ = agree(gm, args, [torch.empty(2, 16, dtype=torch.float16), torch.empty(16)])
     assert count == 3  # x.dtype is read from the input: Inductor's re-trace gives bfloat16
-    assert ours == 6  # a pair of traces per signature: the examples', bf16 rank 3, rank 2
+    # the search function to register, then a pair of traces per signature met (bf16 rank 3,
+    # rank 2), with its first sizes
+    assert ours == 5
     fp32 = make_graph(model, *inputs())
     count, _, _ = agree(fp32, inputs(), [torch.empty(2, 16, dtype=torch.float16), torch.empty(16)])
     assert count == 0  # float32 inputs have no casts: no match, as Inductor's trace says
@@ -136,7 +162,8 @@ def test_symbolic_sizes_stay_symbolic_in_the_replacement():
         lambda x, w: search(x, w) * 2, tracing_mode="symbolic"
     )(torch.randn(6, 32), torch.randn(32))
     count, out, traces = apply("fxpass", gm, [torch.empty(2, 16), torch.empty(16)])
-    assert count == 1 and traces == 4  # the examples, then the graph's symbolic signature
+    # the search function to register, then the pair for the graph's symbolic sizes
+    assert count == 1 and traces == 3
     sizes = out.graph.find_nodes(op="call_function", target=aten.sym_size.int)
     assert sizes, "the reshape's size is read from the graph, not baked in"
     x, w = torch.randn(5, 32), torch.randn(32)
@@ -160,7 +187,9 @@ def test_sizes_the_trace_assumed_otherwise_get_a_trace_of_their_own():
         gm, args, [torch.empty(8, 4), torch.empty(4)], search=branchy, replace=replace_branchy
     )
     assert count == 2  # 2 rows ask for 3.0: z's 2.0 is no match
-    assert ours == 4  # the examples' trace, and a static one for 2 rows
+    # the search function to register; the pair for the first sizes met; for the others
+    # the pair with symbolic sizes (its guard, rows > 4 or not, holds for them)
+    assert ours == 5
 
 
 @pytest.mark.parametrize("matcher", MATCHERS)

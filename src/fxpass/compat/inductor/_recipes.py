@@ -284,6 +284,8 @@ class ReplacementRecipe:
         self.variants: dict[tuple, Variant | None] = {}
         self.search_gm: fx.GraphModule | None = None
         self._blind: PatternExpr | None = None
+        #: per signature, the first exact sizes seen (traced statically, see variant_for)
+        self._first_sizes: dict[tuple, tuple] = {}
         self.pattern = search_fn_pattern or self._first_pattern()
 
     def _trace(self, fn: Callable[..., Any], args: list[Any]) -> fx.GraphModule:
@@ -312,25 +314,19 @@ class ReplacementRecipe:
         return out
 
     def _first_pattern(self) -> PatternExpr:
-        """Trace the search function (symbolic sizes); if that fails, as Inductor does."""
-        try:
-            variant = self._variant(self.flat_inputs)
-        except Exception as e:  # a function symbolic sizes cannot trace: trace as Inductor
-            log.info(
-                "tracing %s with symbolic sizes failed (%s); tracing it as Inductor does",
-                self.search_fn.__name__,
-                e,
-            )
-            gm = self._trace(self.search_fn, self.info.structure(self.flat_inputs))
-            self.search_gm = gm
-            return graph_to_pattern(
-                gm,
-                argnames=self.info.flat_names,
-                ignore_types=IGNORED_TYPES,
-                scalar_workaround=self.workaround,
-                exclusive_arg_names=self.exclusive,
-            )
-        self.variants[signature(self.flat_inputs, self.requires_grad)] = variant
+        """The pattern to register: the search function traced with the example inputs, as
+        Inductor traces it (sizes and ignored literal types blind). The symbolic traces that
+        check and replace matches wait for the first match (:meth:`variant_for`), so
+        registering costs what Inductor's does and patterns that never match cost no more."""
+        gm = self._trace(self.search_fn, self.info.structure(self.flat_inputs))
+        self.search_gm = gm
+        self._blind = graph_to_pattern(
+            gm,
+            argnames=self.info.flat_names,
+            ignore_types=IGNORED_TYPES,
+            scalar_workaround=self.workaround,
+            exclusive_arg_names=self.exclusive,
+        )
         return self._blind
 
     def _variant(self, inputs: Sequence[Any]) -> Variant:
@@ -340,19 +336,16 @@ class ReplacementRecipe:
         specific = slots = None
         if self.given_pattern is None:
             search = trace_symbolic(self._trace, self.search_fn, self.info.structure(inputs))
-            self.search_gm = search.gm
             common = {
                 "argnames": self.info.flat_names,
                 "scalar_workaround": self.workaround,
                 "exclusive_arg_names": self.exclusive,
                 "sources": search.sources,
             }
-            blind = graph_to_pattern(search.gm, ignore_types=IGNORED_TYPES, **common)
             specific = graph_to_pattern(search.gm, **common)
             guards.append(Guards.of(search))
-            if self._blind is None:  # the pattern to register: checked by its slots
-                self._blind = blind
-                slots = literal_slots(blind, specific)
+            if self._blind is not None:  # the registered pattern: checked by its slots
+                slots = literal_slots(self._blind, specific)
         replacement = trace_symbolic(self._trace, self.replace_fn, self.info.structure(inputs))
         guards.append(Guards.of(replacement))
         return Variant(specific, replacement, guards, slots=slots)
@@ -375,13 +368,22 @@ class ReplacementRecipe:
                     exclusive_arg_names=self.exclusive,
                 )
             rgm = self._trace(self.replace_fn, args)
-        return Variant(specific, SymbolicTrace(rgm, []), [])
+        slots = None
+        if specific is not None and self._blind is not None:
+            slots = literal_slots(self._blind, specific)
+        return Variant(specific, SymbolicTrace(rgm, []), [], slots=slots)
 
     def variant_for(self, values: Sequence[Any]) -> Variant | None:
         """The variant for a match's flat input values (tensors: their ``meta['val']``,
         see :meth:`grads_ok`); None when its sizes cannot be traced."""
         key = signature(values, self.requires_grad)
         v = self.variants.get(key, ...)
+        static = static_signature(values)
+        if v is ... and static is not None and self._first_sizes.setdefault(key, static) == static:
+            # the first sizes of a signature: traced with them, as Inductor traces a match
+            # (cheaper than symbolic sizes, reused by every match of the same sizes; other
+            # sizes of the signature then get the symbolic trace)
+            return self._static_for(static, values)
         if v is ...:
             try:
                 v = self._variant(self._with_grads(values))
@@ -391,9 +393,12 @@ class ReplacementRecipe:
             self.variants[key] = v
         if v is not None and all(g.hold(values) for g in v.guards):
             return v
-        static = static_signature(values)
         if static is None:
             return None
+        return self._static_for(static, values)
+
+    def _static_for(self, static: tuple, values: Sequence[Any]) -> Variant | None:
+        """The variant traced with these exact sizes (``static``: their static signature)."""
         key = ("static", static)
         v = self.variants.get(key, ...)
         if v is ...:
