@@ -29,6 +29,8 @@ CASES = [
     "add_rms_reshape[branch_first]",
     "rms_reshape",
     "ir_lowering",
+    "rms_quant[static]",
+    "rms_quant[dynamic]",
 ]
 
 
@@ -85,12 +87,13 @@ def _result(runs: dict[str, Any], mode: str, case: str) -> Any:
     return entry["result"]
 
 
-def _same(stock: dict[str, Any], fx: dict[str, Any]) -> None:
+def _same(stock: dict[str, Any], fx: dict[str, Any], reference_kernels: bool) -> None:
     assert fx["matched"] == stock["matched"]
     assert fx["ops"] == stock["ops"]
     assert fx["code"] == stock["code"]
     assert fx["outputs"] == stock["outputs"], "outputs differ (bit for bit)"
-    assert stock["close_to_eager"] and fx["close_to_eager"]
+    if not reference_kernels:  # fp8 kernels of cpu_ops round as they do, not as eager
+        assert stock["close_to_eager"] and fx["close_to_eager"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -100,10 +103,10 @@ def test_vllm_pass_same_on_fxpass(vllm_runs, case):
     if case == "ir_lowering":  # one compiled run per rms_norm provider of vLLM IR
         assert fx.keys() == stock.keys()
         for provider in stock:
-            _same(stock[provider], fx[provider])
+            _same(stock[provider], fx[provider], False)
     else:
         assert sum(stock["matched"].values()) > 0, "the case should exercise the pass"
-        _same(stock, fx)
+        _same(stock, fx, case.startswith("rms_quant"))
 
 
 def test_vllm_match_table_same_on_fxpass(vllm_runs):

@@ -15,6 +15,7 @@ the time spent constructing the passes (registration) and running them (apply).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -219,11 +220,67 @@ def case_ir_lowering() -> dict[str, Any]:
     return results
 
 
+def case_rms_quant(static: bool) -> dict[str, Any]:
+    """tests/compile/passes/test_fusion.py::test_fusion_rmsnorm_quant, as it runs without
+    vLLM's fp8 linear kernels: RMSNorm (vLLM IR) and add + RMSNorm followed by vLLM's
+    ``QuantFP8`` (static per-tensor or dynamic per-token, its native form), into the fused
+    kernels (defined by ``cpu_ops``); the token dimension dynamic, as there."""
+    import vllm.ir.ops
+    from vllm.compilation.passes.fusion.rms_quant_fusion import RMSNormQuantFusionPass
+    from vllm.compilation.passes.utility.noop_elimination import NoOpEliminationPass
+    from vllm.compilation.passes.utility.post_cleanup import PostCleanupPass
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    hidden, eps = 64, 1e-5
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            group = GroupShape.PER_TENSOR if static else GroupShape.PER_TOKEN
+            self.quant = QuantFP8(static=static, group_shape=group)
+            self.norms = [torch.rand(hidden) + 0.5 for _ in range(3)]
+            self.weights = [torch.rand(hidden, hidden) / hidden for _ in range(2)]
+            self.scale = torch.tensor([0.05], dtype=torch.float32)
+
+        def quant_linear(self, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            q, s = self.quant(y, self.scale if static else None)
+            return (q.to(torch.float32) * s).to(y.dtype) @ w
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = resid = torch.relu(x)
+            y = vllm.ir.ops.rms_norm(x, self.norms[0], eps)
+            x2 = self.quant_linear(y, self.weights[0])
+            y2, resid = vllm.ir.ops.fused_add_rms_norm(x2, resid, self.norms[1], eps)
+            x3 = self.quant_linear(y2, self.weights[1])
+            y3, resid = vllm.ir.ops.fused_add_rms_norm(x3, resid, self.norms[2], eps)
+            q, _ = self.quant(y3, self.scale if static else None)
+            return q.to(torch.float32)
+
+    config = vllm_config()
+    with set_current_vllm_config(config):
+        torch.set_default_dtype(torch.bfloat16)
+        torch.manual_seed(1)
+        fusion, t = construct(lambda: RMSNormQuantFusionPass(config))
+        passes = [NoOpEliminationPass(config), fusion, PostCleanupPass(config)]
+        x = torch.rand(33, hidden)
+        torch._dynamo.mark_dynamic(x, 0)
+        run = compiled_run(passes, Model(), x)
+        torch.set_default_dtype(torch.float32)
+    run["matched"] = {"rms_quant": fusion.matched_count}
+    run["register_s"] = t
+    run["patterns"] = sum(len(v) for v in fusion.patterns.patterns.values())
+    return run
+
+
 CASES: dict[str, Callable[[], Any]] = {
     "add_rms_reshape[residual_first]": lambda: case_add_rms_reshape(True),
     "add_rms_reshape[branch_first]": lambda: case_add_rms_reshape(False),
     "rms_reshape": case_rms_reshape,
     "ir_lowering": case_ir_lowering,
+    "rms_quant[static]": lambda: case_rms_quant(True),
+    "rms_quant[dynamic]": lambda: case_rms_quant(False),
 }
 
 
@@ -233,6 +290,9 @@ def main() -> int:
     from vllm.platforms import current_platform
 
     current_platform.import_kernels()  # the AVX2 build of vllm/_C on machines without AVX-512
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cpu_ops  # noqa: F401  (the fused kernels the fusions rewrite to; missing on CPU)
+
     from vllm.compilation.passes.vllm_inductor_pass import get_match_table
 
     results: dict[str, Any] = {}

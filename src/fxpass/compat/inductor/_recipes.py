@@ -177,18 +177,40 @@ def signature(values: Sequence[Any], grads: Sequence[bool] | None = None) -> tup
     return tuple(out)
 
 
-def static_signature(values: Sequence[Any]) -> tuple | None:
+def static_signature(values: Sequence[Any], *, exact: bool = False) -> tuple | None:
+    """The values' exact sizes and strides (with dtypes, devices...): None if one is
+    symbolic, or with ``exact``, those of a symbolic one as the expressions of its graph's
+    shape environment (the same sizes, where a trace with the values themselves holds)."""
     out: list[Any] = []
     first: dict[int, int] = {}
     for i, v in enumerate(values):
         if isinstance(v, torch.Tensor):
-            if not (_concrete(v.shape) and _concrete(v.stride())):
+            if _concrete(v.shape) and _concrete(v.stride()):
+                shape, stride = tuple(v.shape), tuple(v.stride())
+            elif not exact:
                 return None
+            else:
+                env = _shape_env(v)
+                if env is None:
+                    return None
+                shape = (id(env), *map(_expr, v.shape))
+                stride = tuple(map(_expr, v.stride()))
             same = first.setdefault(id(v), i)  # as in signature
-            out.append((v.dtype, str(v.device), tuple(v.shape), tuple(v.stride()), same))
+            out.append((v.dtype, str(v.device), shape, stride, same))
         else:
             out.append(signature([v]))
     return tuple(out)
+
+
+def _expr(s: Any) -> Any:
+    return s.node.expr if isinstance(s, torch.SymInt) else s
+
+
+def _shape_env(v: torch.Tensor) -> Any:
+    for s in (*v.shape, *v.stride()):
+        if isinstance(s, torch.SymInt):
+            return s.node.shape_env
+    return None
 
 
 # ----- guards -------------------------------------------------------------------------------
@@ -352,10 +374,15 @@ class ReplacementRecipe:
 
     def _static_variant(self, values: Sequence[Any]) -> Variant:
         """A trace of the match's own sizes (its sizes broke a symbolic trace's guards)."""
+        from torch._guards import detect_fake_mode
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        mode = FakeTensorMode()
-        flat = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+        if static_signature(values) is None:  # symbolic sizes: traced with the values
+            mode = detect_fake_mode(values)  # themselves, in their graph's fake mode
+            flat = list(values)
+        else:
+            mode = FakeTensorMode()
+            flat = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
         args = self.info.structure(flat)
         with mode:
             specific = None
@@ -378,12 +405,12 @@ class ReplacementRecipe:
         see :meth:`grads_ok`); None when its sizes cannot be traced."""
         key = signature(values, self.requires_grad)
         v = self.variants.get(key, ...)
-        static = static_signature(values)
-        if v is ... and static is not None and self._first_sizes.setdefault(key, static) == static:
+        exact = static_signature(values, exact=True)
+        if v is ... and exact is not None and self._first_sizes.setdefault(key, exact) == exact:
             # the first sizes of a signature: traced with them, as Inductor traces a match
             # (cheaper than symbolic sizes, reused by every match of the same sizes; other
             # sizes of the signature then get the symbolic trace)
-            return self._static_for(static, values)
+            return self._static_for(exact, values)
         if v is ...:
             try:
                 v = self._variant(self._with_grads(values))
@@ -393,6 +420,7 @@ class ReplacementRecipe:
             self.variants[key] = v
         if v is not None and all(g.hold(values) for g in v.guards):
             return v
+        static = static_signature(values)
         if static is None:
             return None
         return self._static_for(static, values)

@@ -1,0 +1,111 @@
+"""The fused RMSNorm + fp8 quantization kernels that ``RMSNormQuantFusionPass`` rewrites to,
+which vLLM's CPU build does not register: defined here with vLLM's schemas (``csrc``'s
+``torch_bindings.cpp``) and reference bodies in plain PyTorch, so the pass module imports
+and its replacements trace and run on CPU. Import after
+``current_platform.import_kernels()`` and before ``vllm.compilation.passes.fusion``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+_lib = torch.library.Library("_C", "FRAGMENT")  # noqa: TOR901 (vLLM's namespace, as its build)
+
+SCHEMAS = {
+    "rms_norm_static_fp8_quant": (
+        "rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor weight, "
+        "Tensor scale, float epsilon) -> ()"
+    ),
+    "fused_add_rms_norm_static_fp8_quant": (
+        "fused_add_rms_norm_static_fp8_quant(Tensor! result, Tensor input, "
+        "Tensor! residual, Tensor weight, Tensor scale, float epsilon) -> ()"
+    ),
+    "rms_norm_dynamic_per_token_quant": (
+        "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, Tensor weight, "
+        "Tensor! scale, float epsilon, Tensor? scale_ub, Tensor!? residual) -> ()"
+    ),
+    "rms_norm_per_block_quant": (
+        "rms_norm_per_block_quant(Tensor! result, Tensor input, Tensor weight, "
+        "Tensor! scale, float epsilon, Tensor? scale_ub, Tensor!? residual, "
+        "int group_size, bool is_scale_transposed) -> ()"
+    ),
+    "per_token_group_fp8_quant": (
+        "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, "
+        "int group_size, float eps, float fp8_min, float fp8_max, bool scale_ue8m0, "
+        "bool dummy_is_scale_transposed, bool dummy_is_tma_aligned) -> ()"
+    ),
+}
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h.to(x.dtype) * weight).float()
+
+
+def _static_quant(result, y, scale):
+    result.copy_((y / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(result.dtype))
+
+
+def rms_norm_static_fp8_quant(result, input, weight, scale, epsilon):
+    _static_quant(result, _rms(input, weight, epsilon), scale)
+
+
+def fused_add_rms_norm_static_fp8_quant(result, input, residual, weight, scale, epsilon):
+    residual.add_(input)
+    _static_quant(result, _rms(residual, weight, epsilon), scale)
+
+
+def _dynamic_quant(result, y, scale, scale_ub, groups):
+    g = y.reshape(*y.shape[:-1], groups, -1)
+    s = g.abs().amax(-1, keepdim=True) / FP8_MAX
+    if scale_ub is not None:
+        s = s.clamp(max=scale_ub.float())
+    s = s.clamp(min=1e-10)
+    result.copy_((g / s).clamp(-FP8_MAX, FP8_MAX).reshape(y.shape).to(result.dtype))
+    scale.copy_(s.reshape(scale.shape).to(scale.dtype))
+
+
+def rms_norm_dynamic_per_token_quant(result, input, weight, scale, epsilon, scale_ub, residual):
+    if residual is not None:
+        residual.add_(input)
+        input = residual
+    _dynamic_quant(result, _rms(input, weight, epsilon), scale, scale_ub, 1)
+
+
+def rms_norm_per_block_quant(
+    result, input, weight, scale, epsilon, scale_ub, residual, group_size, is_scale_transposed
+):
+    if residual is not None:
+        residual.add_(input)
+        input = residual
+    y = _rms(input, weight, epsilon)
+    groups = y.shape[-1] // group_size
+    s = torch.empty(*y.shape[:-1], groups, dtype=torch.float32)
+    _dynamic_quant(result, y, s, scale_ub, groups)
+    scale.copy_((s.t() if is_scale_transposed else s).reshape(scale.shape))
+
+
+def per_token_group_fp8_quant(
+    input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, transposed, tma
+):
+    groups = input.shape[-1] // group_size
+    g = input.float().reshape(*input.shape[:-1], groups, group_size)
+    s = (g.abs().amax(-1, keepdim=True) / fp8_max).clamp(min=eps)
+    output_q.copy_((g / s).clamp(fp8_min, fp8_max).reshape(input.shape).to(output_q.dtype))
+    output_s.copy_(s.reshape(output_s.shape))
+
+
+def _fake(*args, **kwargs) -> None:
+    """They only write into their arguments: under fake tensors (tracing) nothing to do, as
+    vLLM's CUDA kernels' fake implementations."""
+
+
+for _name, _schema in SCHEMAS.items():
+    if not hasattr(torch.ops._C, _name):
+        _lib.define(_schema)
+        _lib.impl(_name, globals()[_name], "CPU")
+        torch.library.register_fake(f"_C::{_name}", _fake, lib=_lib)
