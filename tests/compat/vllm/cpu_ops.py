@@ -12,7 +12,7 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 
-_lib = torch.library.Library("_C", "FRAGMENT")  # noqa: TOR901 (vLLM's namespace, as its build)
+_lib = torch.library.Library("_C", "FRAGMENT")  # vLLM's namespace, as its build
 
 SCHEMAS = {
     "rms_norm_static_fp8_quant": (

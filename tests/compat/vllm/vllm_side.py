@@ -292,7 +292,6 @@ def main() -> int:
     current_platform.import_kernels()  # the AVX2 build of vllm/_C on machines without AVX-512
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import cpu_ops  # noqa: F401  (the fused kernels the fusions rewrite to; missing on CPU)
-
     from vllm.compilation.passes.vllm_inductor_pass import get_match_table
 
     results: dict[str, Any] = {}
