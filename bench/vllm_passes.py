@@ -1,14 +1,14 @@
-"""vLLM's real ``AddRMSNormFusionPass`` (+ ``RMSNormReshapeFusionPass``), registration and
-apply, on Inductor's post-grad graphs of 16/64/128-layer decoders: the vLLM side of
-``bench/inductor.py --vllm`` (runs in the vLLM environment, ``tools/vllm_env.py``).
+"""vLLM's real ``AddRMSNormFusionPass`` (+ ``RMSNormReshapeFusionPass``) and
+``RMSNormQuantFusionPass``, registration and apply, on Inductor's post-grad graphs of
+16/64/128-layer decoders: the vLLM side of ``bench/inductor.py --vllm`` (runs in the vLLM
+environment, ``tools/vllm_env.py``; the fused fp8 kernels from ``tests/compat/vllm/cpu_ops``).
 
     .venv-vllm/bin/python bench/vllm_passes.py {stock,fxpass} OUT.json LAYERS...
 
-Each decoder layer is what vLLM's Transformers backend emits: ``residual = x + residual``,
-``vllm_ir.rms_norm(residual)``, a linear layer and SiLU; the token dimension is dynamic, as vLLM marks
-it. The post-grad graph is captured from Inductor (its own post-grad passes done) once per
-size; ``register`` is the construction of the two passes (vLLM builds them at every engine
-start), ``apply`` the two passes on a fresh copy of the graph. With ``fxpass``,
+Two decoders (``_add_rms_decoder``, ``_quant_decoder``), their token dimension dynamic, as
+vLLM marks it. The post-grad graph is captured from Inductor (its own post-grad passes done)
+once per size; ``register`` is the construction of the passes (vLLM builds them at every engine
+start), ``apply`` the passes on a fresh copy of the graph. With ``fxpass``,
 ``fxpass.compat.inductor.install()`` runs before vLLM is imported.
 """
 
@@ -18,6 +18,7 @@ import copy
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 MODE = sys.argv[1] if __name__ == "__main__" else "stock"
@@ -36,26 +37,54 @@ class _Captured(Exception):
     pass
 
 
-def post_grad_graph(layers: int) -> fx.GraphModule:
-    """Inductor's post-grad graph of an ``layers``-layer decoder (the compile stops there)."""
+def _add_rms_decoder(layers: int) -> torch.nn.Module:
+    """What vLLM's Transformers backend emits per layer: residual add, vLLM IR RMSNorm, a
+    linear layer, SiLU (AddRMSNormFusionPass's sites)."""
     import vllm.ir.ops
 
     class Decoder(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norms = torch.nn.ParameterList(
-                [torch.nn.Parameter(torch.ones(HIDDEN)) for _ in range(layers)]
-            )
-            self.linears = torch.nn.ModuleList(
-                [torch.nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(layers)]
-            )
+            self.norms = [torch.rand(HIDDEN) + 0.5 for _ in range(layers)]
+            self.linears = [torch.rand(HIDDEN, HIDDEN) / HIDDEN for _ in range(layers)]
 
         def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
             for w, lin in zip(self.norms, self.linears):
                 residual = x + residual
-                x = torch.nn.functional.silu(lin(vllm.ir.ops.rms_norm(residual, w, 1e-6)))
+                x = torch.nn.functional.silu(vllm.ir.ops.rms_norm(residual, w, 1e-6) @ lin)
             return x + residual
 
+    return Decoder()
+
+
+def _quant_decoder(layers: int) -> torch.nn.Module:
+    """vLLM's Llama with static fp8 activations: fused add + RMSNorm (vLLM IR), vLLM's
+    ``QuantFP8`` (native form), a dequantizing linear layer (RMSNormQuantFusionPass's sites)."""
+    import vllm.ir.ops
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR)
+            self.scale = torch.tensor([0.05], dtype=torch.float32)
+            self.norms = [torch.rand(HIDDEN) + 0.5 for _ in range(layers)]
+            self.linears = [torch.rand(HIDDEN, HIDDEN) / HIDDEN for _ in range(layers)]
+
+        def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+            for w, lin in zip(self.norms, self.linears):
+                y, residual = vllm.ir.ops.fused_add_rms_norm(x, residual, w, 1e-6)
+                q, s = self.quant(y, self.scale)
+                x = (q.to(torch.float32) * s).to(y.dtype) @ lin
+            return x + residual
+
+    return Decoder()
+
+
+def post_grad_graph(model: torch.nn.Module) -> fx.GraphModule:
+    """Inductor's post-grad graph of ``model`` (the compile stops there), the token
+    dimension dynamic."""
     captured: list[fx.GraphModule] = []
 
     def post_pass(graph: fx.Graph) -> None:
@@ -69,11 +98,10 @@ def post_grad_graph(layers: int) -> fx.GraphModule:
         return compile_fx(gm, example_inputs, config_patches=patches)
 
     torch._dynamo.reset()
-    x = torch.randn(8, HIDDEN, dtype=torch.bfloat16)
+    x = torch.randn(8, HIDDEN)
     residual = torch.randn_like(x)
     torch._dynamo.mark_dynamic(x, 0)
     torch._dynamo.mark_dynamic(residual, 0)
-    model = Decoder().to(torch.bfloat16)
     try:
         with torch.no_grad():
             torch.compile(model, backend=backend, fullgraph=True)(x, residual)
@@ -83,37 +111,56 @@ def post_grad_graph(layers: int) -> fx.GraphModule:
     return captured[0]
 
 
-def measure(layers: int, repeat: int) -> dict[str, Any]:
+def _add_rms_passes(config: Any) -> list[Any]:
     from vllm.compilation.passes.fusion.add_rms_fusion import (
         AddRMSNormFusionPass,
         RMSNormReshapeFusionPass,
     )
+
+    return [AddRMSNormFusionPass(config), RMSNormReshapeFusionPass(config)]
+
+
+def _quant_passes(config: Any) -> list[Any]:
+    from vllm.compilation.passes.fusion.rms_quant_fusion import RMSNormQuantFusionPass
+
+    return [RMSNormQuantFusionPass(config)]
+
+
+BENCHES = {
+    "add_rms": (_add_rms_decoder, _add_rms_passes),
+    "rms_quant": (_quant_decoder, _quant_passes),
+}
+
+
+def measure(bench: str, layers: int, repeat: int) -> dict[str, Any]:
     from vllm.config import CompilationConfig, CompilationMode, VllmConfig, set_current_vllm_config
 
+    make_model, make_passes = BENCHES[bench]
     config = VllmConfig(compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE))
     with set_current_vllm_config(config):
-        gm0 = post_grad_graph(layers)
+        torch.set_default_dtype(torch.bfloat16)
+        gm0 = post_grad_graph(make_model(layers))
         best: dict[str, float] = {}
         counts: dict[str, int] = {}
         ops: dict[str, int] = {}
         for _ in range(repeat):
             start = time.perf_counter()
-            add = AddRMSNormFusionPass(config)
-            reshape = RMSNormReshapeFusionPass(config)
+            passes = make_passes(config)
             registered = time.perf_counter()
             gm = copy.deepcopy(gm0)
             applying = time.perf_counter()
-            add(gm.graph)
-            reshape(gm.graph)
+            for p in passes:
+                p(gm.graph)
             done = time.perf_counter()
             for k, v in (("register", registered - start), ("apply", done - applying)):
                 best[k] = min(best.get(k, float("inf")), v)
-            counts = {"add_rms": add.matched_count, "reshape": reshape.matched_count}
+            counts = {p.pass_name: p.matched_count for p in passes}
             ops = {}
             for n in gm.graph.nodes:
                 if n.op == "call_function":
                     ops[str(n.target)] = ops.get(str(n.target), 0) + 1
-    return {"layers": layers, **best, "matched": counts, "ops": ops}
+        torch.set_default_dtype(torch.float32)
+    return {"bench": bench, "layers": layers, **best, "matched": counts, "ops": ops}
 
 
 def main() -> int:
@@ -122,7 +169,10 @@ def main() -> int:
     from vllm.platforms import current_platform
 
     current_platform.import_kernels()
-    rows = [measure(n, repeat=1 if n > 64 else 2) for n in layers]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "compat" / "vllm"))
+    import cpu_ops  # noqa: F401  (the fused fp8 kernels vLLM's CPU build lacks)
+
+    rows = [measure(bench, n, repeat=1 if n > 64 else 2) for bench in BENCHES for n in layers]
     with open(out, "w") as f:
         json.dump(rows, f)
     return 0
