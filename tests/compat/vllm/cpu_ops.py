@@ -1,4 +1,4 @@
-"""The fused RMSNorm + fp8 quantization kernels that ``RMSNormQuantFusionPass`` rewrites to,
+"""The fused RMSNorm (and SiLU-and-mul) + fp8 quantization kernels vLLM's fusions rewrite to,
 which vLLM's CPU build does not register: defined here with vLLM's schemas (``csrc``'s
 ``torch_bindings.cpp``) and reference bodies in plain PyTorch, so the pass module imports
 and its replacements trace and run on CPU. Import after
@@ -37,6 +37,12 @@ SCHEMAS = {
         "int group_size, float eps, float fp8_min, float fp8_max, bool scale_ue8m0, "
         "bool dummy_is_scale_transposed, bool dummy_is_tma_aligned) -> ()"
     ),
+    "fused_qk_norm_rope": (
+        "fused_qk_norm_rope(Tensor! qkv, int num_heads_q, int num_heads_k, int num_heads_v, "
+        "int head_dim, float eps, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
+        "bool is_neox, Tensor position_ids, int forced_token_heads_per_warp=-1) -> ()"
+    ),
+    "silu_and_mul_quant": ("silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()"),
 }
 
 
@@ -97,6 +103,19 @@ def per_token_group_fp8_quant(
     s = (g.abs().amax(-1, keepdim=True) / fp8_max).clamp(min=eps)
     output_q.copy_((g / s).clamp(fp8_min, fp8_max).reshape(input.shape).to(output_q.dtype))
     output_s.copy_(s.reshape(output_s.shape))
+
+
+def silu_and_mul_quant(result, input, scale):
+    d = input.shape[-1] // 2
+    y = torch.nn.functional.silu(input[..., :d].float()) * input[..., d:].float()
+    _static_quant(result, y, scale)
+
+
+def fused_qk_norm_rope(qkv, *args):
+    raise NotImplementedError(
+        "_C::fused_qk_norm_rope is defined so vLLM's FixFunctionalizationPass can compare "
+        "targets with it; no pass of these tests rewrites to it"
+    )
 
 
 def _fake(*args, **kwargs) -> None:

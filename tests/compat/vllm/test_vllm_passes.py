@@ -24,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 SIDE = Path(__file__).with_name("vllm_side.py")
+ENGINE = Path(__file__).with_name("engine_side.py")
 CASES = [
     "add_rms_reshape[residual_first]",
     "add_rms_reshape[branch_first]",
@@ -52,15 +53,16 @@ def _vllm_python(shared: Path) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def _run_side(python: Path, mode: str, out: Path) -> dict[str, Any]:
+def _run_side(python: Path, mode: str, out: Path, args: tuple = ()) -> dict[str, Any]:
+    script = ENGINE if args else SIDE
     proc = subprocess.run(
-        [str(python), str(SIDE), mode, str(out), *CASES],
+        [str(python), str(script), mode, *map(str, args), str(out), *([] if args else CASES)],
         capture_output=True,
         text=True,
         timeout=900,
         cwd=ROOT,
     )
-    assert proc.returncode == 0, f"vllm_side.py {mode} failed:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"{script.name} {mode} failed:\n{proc.stderr[-4000:]}"
     return json.loads(out.read_text())
 
 
@@ -79,6 +81,36 @@ def vllm_runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
             }
             done.write_text(json.dumps(runs))
         return json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def engine_runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    """engine_side.py's results, stock and fxpass (the same model directory)."""
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "vllm-engine.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / "vllm-engine.json"
+        if not done.exists():
+            python = _vllm_python(shared)
+            model = shared / "vllm-tiny-llama"
+            model.mkdir(exist_ok=True)
+            runs = {
+                mode: _run_side(python, mode, shared / f"engine-{mode}.json", (model,))
+                for mode in ("stock", "fxpass")
+            }
+            done.write_text(json.dumps(runs))
+        return json.loads(done.read_text())
+
+
+def test_vllm_engine_generates_the_same_tokens_on_fxpass(engine_runs):
+    """vllm.LLM on CPU, a tiny random Llama built in the test, vLLM's passes on: the same
+    greedy token ids, the same passes built, the same matches."""
+    stock, fx = engine_runs["stock"], engine_runs["fxpass"]
+    assert stock["passes"] and fx["passes"] == stock["passes"]
+    assert stock["match_table"].get("add_rmsnorm_fusion_pass", 0) > 0
+    assert fx["match_table"] == stock["match_table"]
+    assert fx["tokens"] == stock["tokens"]
+    assert all(len(t) == 8 for t in stock["tokens"])
 
 
 def _result(runs: dict[str, Any], mode: str, case: str) -> Any:
