@@ -20,9 +20,9 @@ apply at least 50x faster than Inductor's at 128 layers.
     python bench/inductor.py --quick    # 1, 2 layers (a smoke test)
     python bench/inductor.py --vllm     # vLLM's own passes too (builds .venv-vllm first)
 
-``--vllm`` adds vLLM 0.32.0's real ``AddRMSNormFusionPass`` + ``RMSNormReshapeFusionPass``
-(``bench/vllm_passes.py``, run in the vLLM environment of ``tools/vllm_env.py``, once on
-stock Inductor and once after ``install()``) on Inductor's post-grad graphs of 16/64/128
+``--vllm`` adds vLLM 0.32.0's real ``AddRMSNormFusionPass`` + ``RMSNormReshapeFusionPass`` and
+``RMSNormQuantFusionPass`` (``bench/_vllm_passes.py``, run in the vLLM environment of
+``tools/vllm_env.py``, once on stock Inductor and once after ``install()``) on Inductor's post-grad graphs of 16/64/128
 layers: the same matches and post-pass ops both ways, registration (the passes' construction,
 as at every vLLM start-up) and apply timed.
 """
@@ -139,26 +139,31 @@ def _vllm_section(layers) -> None:
     sys.path.insert(0, str(root / "tools"))
     import vllm_env
 
-    python = vllm_env.build()
+    try:
+        python = vllm_env.build()
+    except (subprocess.CalledProcessError, OSError) as e:
+        print(f"\nvLLM's passes: skipped, the vLLM environment could not be installed ({e})")
+        return
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("stock", "fxpass"):
             out = Path(tmp) / f"{mode}.json"
-            script = str(root / "bench" / "vllm_passes.py")
+            script = str(root / "bench" / "_vllm_passes.py")
             cmd = [str(python), script, mode, str(out), *map(str, layers)]
             subprocess.run(cmd, check=True, cwd=root, stderr=subprocess.DEVNULL)
             runs[mode] = json.loads(out.read_text())
     print()
-    print("vLLM 0.32.0's AddRMSNormFusionPass + RMSNormReshapeFusionPass (ms, best of runs)")
+    print("vLLM 0.32.0's own passes, stock Inductor vs fxpass (ms, best of runs)")
     print(
-        f"{'layers':>6} {'matches':>28} {'ind. register':>14} {'fx register':>12} "
+        f"{'bench':>9} {'layers':>6} {'matches':>28} {'ind. register':>14} {'fx register':>12} "
         f"{'ind. apply':>11} {'fx apply':>9} {'total ratio':>12}"
     )
     for st, fx in zip(runs["stock"], runs["fxpass"]):
         assert st["matched"] == fx["matched"] and st["ops"] == fx["ops"], (st, fx)
         ratio = (st["register"] + st["apply"]) / (fx["register"] + fx["apply"])
+        matched = sum(st["matched"].values())
         print(
-            f"{st['layers']:>6} {st['matched']!s:>28} {st['register'] * 1e3:>14.1f} "
+            f"{st['bench']:>9} {st['layers']:>6} {matched:>28} {st['register'] * 1e3:>14.1f} "
             f"{fx['register'] * 1e3:>12.1f} {st['apply'] * 1e3:>11.1f} "
             f"{fx['apply'] * 1e3:>9.1f} {ratio:>11.1f}x"
         )

@@ -23,6 +23,8 @@ def test_benchmark_runs_quick(script):
     if script.startswith("executorch"):
         pytest.importorskip("executorch.exir")
     extra = ["--phases"] if script == "executorch.py" else []  # its phase table too
+    if script == "inductor.py":
+        extra = ["--vllm"]  # vLLM's own passes too (in .venv-vllm, tools/vllm_env.py)
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), "--quick", "--repeat", "1", *extra],
         capture_output=True,
@@ -32,5 +34,7 @@ def test_benchmark_runs_quick(script):
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     out = proc.stdout.lower()
     assert "ratio" in out or "speedup" in out, f"{script} printed no ratio:\n{proc.stdout}"
-    if extra:
+    if script == "executorch.py":
         assert "xnnpack's passes on each delegate" in out, proc.stdout
+    if script == "inductor.py":
+        assert "vllm 0.32.0's own passes" in out or "skipped, the vllm environment" in out

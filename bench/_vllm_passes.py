@@ -3,7 +3,7 @@
 16/64/128-layer decoders: the vLLM side of ``bench/inductor.py --vllm`` (runs in the vLLM
 environment, ``tools/vllm_env.py``; the fused fp8 kernels from ``tests/compat/vllm/cpu_ops``).
 
-    .venv-vllm/bin/python bench/vllm_passes.py {stock,fxpass} OUT.json LAYERS...
+    .venv-vllm/bin/python bench/_vllm_passes.py {stock,fxpass} OUT.json LAYERS...
 
 Two decoders (``_add_rms_decoder``, ``_quant_decoder``), their token dimension dynamic, as
 vLLM marks it. The post-grad graph is captured from Inductor (its own post-grad passes done)
