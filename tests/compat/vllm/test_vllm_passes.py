@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -33,6 +34,12 @@ CASES = [
     "rms_quant[static]",
     "rms_quant[dynamic]",
 ]
+
+
+def _shared(tmp_path_factory) -> Path:
+    """This session's folder, the same for every xdist worker (their base folders' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def _vllm_python(shared: Path) -> Path:
@@ -69,7 +76,7 @@ def _run_side(python: Path, mode: str, out: Path, args: tuple = ()) -> dict[str,
 @pytest.fixture(scope="session")
 def vllm_runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
     """{"stock": results, "fxpass": results}, computed once for all xdist workers."""
-    shared = tmp_path_factory.getbasetemp().parent
+    shared = _shared(tmp_path_factory)
     with open(shared / "vllm-passes.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = shared / "vllm-passes.json"
@@ -86,7 +93,7 @@ def vllm_runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="session")
 def engine_runs(tmp_path_factory) -> dict[str, dict[str, Any]]:
     """engine_side.py's results, stock and fxpass (the same model directory)."""
-    shared = tmp_path_factory.getbasetemp().parent
+    shared = _shared(tmp_path_factory)
     with open(shared / "vllm-engine.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = shared / "vllm-engine.json"
