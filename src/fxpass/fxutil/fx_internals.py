@@ -27,6 +27,7 @@ from torch.fx.node import _get_qualified_name, map_arg
 
 __all__ = [
     "ARGS_ATTR",
+    "new_namespace",
     "KWARGS_ATTR",
     "GraphState",
     "bind_owner",
@@ -81,6 +82,12 @@ node_kwargs: Callable[[fx.Node], dict] = operator.attrgetter("_kwargs")
 #: The attribute names behind :data:`node_args` / :data:`node_kwargs`, for generated code
 #: (an attribute read inline, without a call).
 ARGS_ATTR, KWARGS_ATTR = "_args", "_kwargs"
+
+
+def new_namespace() -> Any:
+    """An empty ``torch.fx`` name namespace (``create_name(candidate, obj)`` gives unique
+    Python names, as a graph names its nodes)."""
+    return _Namespace()
 
 
 def input_nodes(node: fx.Node) -> Any:

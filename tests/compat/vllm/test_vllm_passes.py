@@ -34,6 +34,7 @@ CASES = [
     "rms_quant[static]",
     "rms_quant[dynamic]",
 ]
+DUMPS = "dump_patterns"
 
 
 def _shared(tmp_path_factory) -> Path:
@@ -63,7 +64,14 @@ def _vllm_python(shared: Path) -> Path:
 def _run_side(python: Path, mode: str, out: Path, args: tuple = ()) -> dict[str, Any]:
     script = ENGINE if args else SIDE
     proc = subprocess.run(
-        [str(python), str(script), mode, *map(str, args), str(out), *([] if args else CASES)],
+        [
+            str(python),
+            str(script),
+            mode,
+            *map(str, args),
+            str(out),
+            *([] if args else [*CASES, DUMPS]),
+        ],
         capture_output=True,
         text=True,
         timeout=900,
@@ -146,6 +154,14 @@ def test_vllm_pass_same_on_fxpass(vllm_runs, case):
     else:
         assert sum(stock["matched"].values()) > 0, "the case should exercise the pass"
         _same(stock, fx, case.startswith("rms_quant"))
+
+
+def test_vllm_dump_patterns_same_on_fxpass(vllm_runs):
+    """vLLM's dump_patterns (Inductor's PatternPrettyPrinter over each registered pattern):
+    the same files, the same text."""
+    stock = _result(vllm_runs, "stock", DUMPS)["dumps"]
+    assert stock and all(stock.values())
+    assert _result(vllm_runs, "fxpass", DUMPS)["dumps"] == stock
 
 
 def test_vllm_match_table_same_on_fxpass(vllm_runs):

@@ -274,6 +274,31 @@ def case_rms_quant(static: bool) -> dict[str, Any]:
     return run
 
 
+def case_dump_patterns() -> dict[str, Any]:
+    """``VllmPatternMatcherPass.dump_patterns``: every registered pattern printed by
+    Inductor's ``PatternPrettyPrinter`` (as vLLM dumps them with ``debug_dump_path``)."""
+    import tempfile
+
+    from vllm.compilation.passes.fusion.add_rms_fusion import AddRMSNormFusionPass
+    from vllm.compilation.passes.fusion.rms_quant_fusion import RMSNormQuantFusionPass
+    from vllm.config import CompilationConfig, CompilationMode, VllmConfig, set_current_vllm_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = VllmConfig(
+            compilation_config=CompilationConfig(
+                mode=CompilationMode.VLLM_COMPILE, debug_dump_path=tmp
+            )
+        )
+        with set_current_vllm_config(config):
+            AddRMSNormFusionPass(config)
+            RMSNormQuantFusionPass(config)
+        dumps = {
+            p.name: p.read_text() for p in sorted(config.compile_debug_dump_path().glob("*.py"))
+        }
+    assert dumps, "vLLM dumped no patterns"
+    return {"matched": {"files": len(dumps)}, "dumps": dumps}
+
+
 CASES: dict[str, Callable[[], Any]] = {
     "add_rms_reshape[residual_first]": lambda: case_add_rms_reshape(True),
     "add_rms_reshape[branch_first]": lambda: case_add_rms_reshape(False),
@@ -281,6 +306,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "ir_lowering": case_ir_lowering,
     "rms_quant[static]": lambda: case_rms_quant(True),
     "rms_quant[dynamic]": lambda: case_rms_quant(False),
+    "dump_patterns": case_dump_patterns,
 }
 
 

@@ -59,6 +59,7 @@ from ._install_matcher import install, installed, is_installed, uninstall
 from ._match import Match, MatchContext
 from ._options import improvements, improvements_on, set_improvements
 from ._pass import ApplyStats, PatternMatcherPass
+from ._pretty import PatternPrettyPrinter
 from ._replacement import (
     ReplacementPatternEntry,
     _known_precompiled_patterns,
@@ -99,6 +100,7 @@ __all__ = [
     "PatternExplanation",
     "PatternExpr",
     "PatternMatcherPass",
+    "PatternPrettyPrinter",
     "RepeatedExpr",
     "ReplacementPatternEntry",
     "check_and_add_duplicate_pattern",
