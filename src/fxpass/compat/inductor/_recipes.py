@@ -470,7 +470,14 @@ def example_replay(
     trace = trace_fn or functools.partial(fwd_only, run_functional_passes=run_functional_passes)
     fkey = _fn_key(fn)
     base = (fkey, _fn_key(trace_fn) if trace_fn is not None else None, run_functional_passes)
-    variant = _cached((*base, signature(values)), fn, fkey, lambda: _symbolic(trace, fn, values))
+    sig = signature(values)
+    exact = static_signature(values, exact=True)
+    if exact is not None and _FIRST_SIZES.setdefault((*base, sig), exact) == exact:
+        # the first sizes of a signature: traced with the values, as Inductor traces them
+        # (reused by every match of the same sizes; other sizes share a symbolic trace)
+        variant = _cached((*base, "static", exact), fn, fkey, lambda: _static(trace, fn, values))
+        return variant.replay(args, {})
+    variant = _cached((*base, sig), fn, fkey, lambda: _symbolic(trace, fn, values))
     if variant is not None and all(g.hold(values) for g in variant.guards):
         return variant.replay(args, {})
     static = static_signature(values)
@@ -480,11 +487,16 @@ def example_replay(
     return variant.replay(args, {})
 
 
+#: per (function, trace, signature), the first exact sizes replayed (see example_replay)
+_FIRST_SIZES: dict[tuple, tuple] = {}
+
+
 def _cached(key: tuple, fn: Any, fkey: Any, make: Callable[[], Variant | None]) -> Variant | None:
     hit = _EXAMPLES.get(key)
     if hit is None or (fkey[0] == "id" and hit[0] is not fn):  # an id may be reused
         if len(_EXAMPLES) > 1024:
             _EXAMPLES.clear()
+            _FIRST_SIZES.clear()
         hit = _EXAMPLES[key] = (fn, make())
     return hit[1]
 
@@ -501,10 +513,14 @@ def _symbolic(
 
 
 def _static(trace: Callable[..., Any], fn: Callable[..., Any], values: list[Any]) -> Variant:
+    from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode = FakeTensorMode()
-    fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
+    if static_signature(values) is None:  # the graph's symbolic sizes: its values, its mode
+        mode, fakes = detect_fake_mode(values), list(values)
+    else:
+        mode = FakeTensorMode()
+        fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
     with mode:
         gm = trace(fn, fakes)
     return Variant(None, SymbolicTrace(gm, []), [])
