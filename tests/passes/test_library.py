@@ -34,7 +34,7 @@ def _recipe() -> tuple[str, str]:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     section = doc[doc.index("## Adding a pass\n") :]
     section = section[: section.index("\n## ", 1)]
-    path = re.search(r"For example\s+`(src/fxpass/passes/\w+/\w+\.py)`:", section)
+    path = re.search(r"a new file\s+`(src/fxpass/passes/\w+/\w+\.py)`:", section)
     block = re.search(r"^( *)```py\n(.*?)^\1```$", section, re.S | re.M)
     assert path is not None and block is not None, "the recipe shows a pass file and its path"
     return path.group(1), textwrap.dedent(block.group(2))
