@@ -80,7 +80,7 @@ def _modules() -> dict[str, ModuleType]:
             continue
         try:
             out[info.name] = importlib.import_module(info.name)
-        except ModuleNotFoundError as e:  # an optional extra (triton) that is not installed
+        except ImportError as e:  # an optional extra (triton, executorch) that is not installed
             if (e.name or "").startswith("fxpass"):
                 raise
     return out
