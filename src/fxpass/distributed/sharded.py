@@ -2,7 +2,7 @@
 
 The strategies compose over one plan and one mesh (``tp x ep x pp``,
 :mod:`~fxpass.distributed.mesh`). The plan is made (or read) and checked once: the
-program is cut into pipeline stages (:mod:`.pipeline`) and, per stage, the plan is followed
+program is cut into pipeline stages (:mod:`.stages`) and, per stage, the plan is followed
 into what every rank applies (:func:`~.tensor_parallel.tensor_script`,
 :func:`~.expert_parallel.expert_script`) — a plan that does not fit fails here, before any
 rank is made. Each rank's program is then one :class:`~fxpass.Pipeline` run on its stage's
