@@ -70,7 +70,9 @@ def _case(tmp, world_size: int, name: str, config: str) -> dict:
     else:
         expected = _logits(ep.module()(*inputs))
     d = tmp / f"{name}-{config}"
-    fp.shard(ep, **_options(config, world_size)).save(d)
+    shards = fp.shard(ep, **_options(config, world_size))
+    assert shards.check() == [], f"{name}-{config}: the ranks' collectives differ"
+    shards.save(d)
     torch.save(inputs, d / "inputs.pt")
     torch.save(expected, d / "expected.pt")
     return {

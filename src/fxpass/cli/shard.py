@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
 from ._common import (
+    FAILED,
     LOAD,
     USAGE,
     WRITE,
@@ -75,10 +77,13 @@ _DIM = click.IntRange(min=1)
 @click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
               help="Write each rank's HTML report (what each strategy inserted, drawn): "
               "REPORT for one rank, else REPORT with .rank<r> before its suffix.")  # fmt: skip
+@click.option("--verify", is_flag=True,
+              help="Check that every rank issues the same collectives in the same order "
+              "(exit 1, writing nothing, with one line per fault).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @import_option
 def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, sequence_parallel,
-              fuse, uneven, html, as_json, imports) -> None:  # fmt: skip
+              fuse, uneven, html, verify, as_json, imports) -> None:  # fmt: skip
     """Shard TARGET (a .pt2 file) into one program per rank: rank0.pt2 ... in OUTPUT, with
     plan.json (edit it and pass it back with --plan) and manifest.json (mesh, plan, per-rank
     files, bytes, sha256). Give the number of ranks (-n) or the mesh (--tp, --ep, --pp; the
@@ -86,13 +91,14 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     --pp, under torch.distributed.pipelining (see docs/distributed.md).
     """
     from ..distributed import PlanError, analyze, pipeline_stages, shard
+    from ..distributed.consistency import trace
     from ..distributed.sharded import resolve_mesh
 
     dims = _mesh_dims(world_size, tp, ep, pp)
     plan = _plan(plan_file)
     if not dims and plan is None:
         raise click.UsageError("give the number of ranks (-n/--world-size) or --tp/--ep/--pp")
-    if output is None and not print_plan:
+    if output is None and not print_plan and not verify:
         raise click.UsageError("give -o/--output (a folder), or --print-plan to only plan")
     out_dir = _output_dir(output) if output else None
     if html:
@@ -107,7 +113,7 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     if mesh.world_size > 1 and plan is None:
         plan = analyze(t.program, mesh=mesh, uneven=uneven)
     console = stdout()
-    if out_dir is None:
+    if out_dir is None and not verify:
         if plan is not None and plan.mesh.pp > 1 and not plan.stages:  # part of the plan
             plan.stages = pipeline_stages(t.program, plan.mesh.pp).stages
         if as_json:
@@ -120,6 +126,16 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
                    sequence_parallel=sequence_parallel, fuse=fuse, instrument=reports)  # fmt: skip
     if print_plan and not as_json:
         console.print(shards.plan)
+    if verify:
+        faults = shards.check()
+        if faults or out_dir is None or not as_json:
+            from .check_ranks import print_faults
+
+            print_faults(faults, shards.world_size, len(trace(shards[0])[0]))
+        if faults:
+            sys.exit(FAILED)
+        if out_dir is None:
+            return
     out_dir.mkdir(exist_ok=True)
     shards.plan.save(out_dir / "plan.json")
     try:

@@ -40,6 +40,7 @@ from ..targets.apply import apply
 from ..targets.export import load, save
 from .analysis import analyze, check_world_size, choose_mesh, graph_and_params
 from .collectives import C10D, DEFAULT_GROUP
+from .consistency import check_ranks
 from .expert_parallel import ExpertScript, expert_parallel, expert_script
 from .mesh import Mesh, MeshError
 from .plan import OPTIONS, PlanError, ShardError, ShardPlan, plural
@@ -134,6 +135,11 @@ class ShardedPrograms(Sequence):
     def rank_bytes(self, rank: int) -> int:
         """Bytes of the weights ``rank`` keeps (parameters, buffers, constants)."""
         return weight_bytes(self.programs[rank])
+
+    def check(self) -> list[Any]:
+        """The rank consistency faults of the programs (:func:`~.consistency.check_ranks`):
+        empty when every rank issues the same collectives in the same order."""
+        return check_ranks(self.programs, self.mesh)
 
     def table(self) -> Table:
         mesh = self.mesh
