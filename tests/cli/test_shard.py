@@ -204,3 +204,15 @@ def test_check_ranks_names_each_fault_on_each_rank(capsys, model_pt2, tmp_path):
     assert code == 2 and "the mesh tp 4 has 4 ranks, but 3 programs were given" in err
     code, _, err = _run(capsys, "check-ranks", files[1], str(tmp_path / "none.pt2"))
     assert code == 3 and "no such file" in err
+
+
+def test_report_prints_collectives_and_bytes_per_layer(capsys, model_pt2, tmp_path):
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "-o", str(tmp_path / "o"),
+                        "--report")  # fmt: skip
+    assert code == 0 and "communication per forward, every rank: tensor parallel" in out
+    assert "layers.0" in out and "every layer of every rank is at the minimum" in out
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "-o", str(tmp_path / "j"),
+                        "--report", "--json")  # fmt: skip
+    rows = json.loads(out)["communication"]["ranks"][0]
+    assert rows[0] == {"layer": "layers.0", "counts": {"all_reduce": 2}, "bytes": 4096,
+                       "minimum_count": 2, "minimum_bytes": 4096, "extra": []}  # fmt: skip

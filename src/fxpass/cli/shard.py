@@ -75,8 +75,11 @@ _DIM = click.IntRange(min=1)
 @click.option("--uneven", type=click.Choice(["error", "replicate"]), default="error",
               help="What to do with layers the ranks do not divide.")  # fmt: skip
 @click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
-              help="Write each rank's HTML report (what each strategy inserted, drawn): "
-              "REPORT for one rank, else REPORT with .rank<r> before its suffix.")  # fmt: skip
+              is_flag=False, flag_value="",
+              help="Print each rank's collectives and bytes per layer against the strategy's "
+              "minimum; with a FILE, also write each rank's HTML report (what each strategy "
+              "inserted, drawn): FILE for one rank, else FILE with .rank<r> before its "
+              "suffix.")  # fmt: skip
 @click.option("--verify", is_flag=True,
               help="Check that every rank issues the same collectives in the same order "
               "(exit 1, writing nothing, with one line per fault).")  # fmt: skip
@@ -149,9 +152,13 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
         data = json.loads(manifest.read_text())
         if reports is not None:
             data["reports"] = [str(p) for p in written]
+        if html is not None:
+            data["communication"] = shards.communication().to_dict()
         emit_json(data)
         return
     console.print(shards)
+    if html is not None:
+        console.print(shards.communication())
     if reports is not None:
         console.print(
             "report: " + (", ".join(str(p) for p in written) or "none (no rank ran a pass)"),

@@ -141,6 +141,13 @@ class ShardedPrograms(Sequence):
         empty when every rank issues the same collectives in the same order."""
         return check_ranks(self.programs, self.mesh)
 
+    def communication(self) -> Any:
+        """Each rank's collectives and bytes per layer against the strategy's minimum
+        (:func:`~.accounting.communication`)."""
+        from .accounting import communication
+
+        return communication(self)
+
     def table(self) -> Table:
         mesh = self.mesh
         title = plural(self.world_size, "rank")
