@@ -21,6 +21,8 @@ docs/distributed.md.
 from __future__ import annotations
 
 from . import (  # noqa: F401  (registers the passes)
+    async_tp,
+    bucket_collectives,
     expert_parallel,
     fuse_allreduce_add_rmsnorm,
     sequence_parallel,
