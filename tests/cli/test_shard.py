@@ -216,3 +216,24 @@ def test_report_prints_collectives_and_bytes_per_layer(capsys, model_pt2, tmp_pa
     rows = json.loads(out)["communication"]["ranks"][0]
     assert rows[0] == {"layer": "layers.0", "counts": {"all_reduce": 2}, "bytes": 4096,
                        "minimum_count": 2, "minimum_bytes": 4096, "extra": []}  # fmt: skip
+
+
+def test_bucket_async_tp_and_gates_from_the_command_line(capsys, moe_pt2, tmp_path):
+    code, out, _ = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "b"),
+                        "--bucket", "--verify")  # fmt: skip
+    assert code == 0 and "bucket: applied: adjacent small collectives" in out
+    assert "launches before 8" in out and "launches after 6" in out and "consistent" in out
+    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert plan["options"]["bucket"] == 64 * 1024 and plan["applied"][0]["applied"]
+    code, out, _ = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "a"),
+                        "--sequence-parallel", "--async-tp", "--gate", "async_tp=16..",
+                        "--bucket", "1024")  # fmt: skip
+    assert code == 0 and "sequence_parallel: applied" in out
+    assert "async_tp: not applied: skipped: applies to tokens:16.." in out
+    assert "bucket: not applied: found nothing to change" in out
+    code, _, err = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "c"),
+                        "--gate", "overlap=1..8")  # fmt: skip
+    assert code == 2 and "no option 'overlap' to gate" in err
+    code, _, err = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "c"),
+                        "--gate", "async_tp")  # fmt: skip
+    assert code == 2 and "--gate takes OPTION=LO..HI" in err

@@ -72,6 +72,18 @@ _DIM = click.IntRange(min=1)
 @click.option(
     "--fuse", is_flag=True, default=None, help="Fuse all-reduce + residual add + RMSNorm."
 )
+@click.option("--bucket", type=click.IntRange(min=0), default=None, is_flag=False,
+              flag_value=64 * 1024, metavar="[BYTES]",  # bucket_collectives.DEFAULT_THRESHOLD
+              help="Merge adjacent collectives of at most BYTES each (default 64 KiB) into "
+              "one launch.")  # fmt: skip
+@click.option("--async-tp", "async_tp", type=click.IntRange(min=2), default=None,
+              is_flag=False, flag_value=2, metavar="[CHUNKS]",
+              help="Split all-gather -> matmul and matmul -> reduce-scatter into CHUNKS "
+              "(default 2) that overlap communication and compute (with "
+              "--sequence-parallel).")  # fmt: skip
+@click.option("--gate", "gates", multiple=True, metavar="OPTION=LO..HI",
+              help="Apply OPTION (sequence_parallel, fuse, bucket, async_tp) only to token "
+              "counts LO..HI (HI may be left out); repeatable.")  # fmt: skip
 @click.option("--uneven", type=click.Choice(["error", "replicate"]), default="error",
               help="What to do with layers the ranks do not divide.")  # fmt: skip
 @click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
@@ -86,14 +98,15 @@ _DIM = click.IntRange(min=1)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @import_option
 def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, sequence_parallel,
-              fuse, uneven, html, verify, as_json, imports) -> None:  # fmt: skip
+              fuse, bucket, async_tp, gates, uneven, html, verify, as_json,
+              imports) -> None:  # fmt: skip
     """Shard TARGET (a .pt2 file) into one program per rank: rank0.pt2 ... in OUTPUT, with
     plan.json (edit it and pass it back with --plan) and manifest.json (mesh, plan, per-rank
     files, bytes, sha256). Give the number of ranks (-n) or the mesh (--tp, --ep, --pp; the
     ranks are their product). Each rank loads its file and runs it on torch.distributed; with
     --pp, under torch.distributed.pipelining (see docs/distributed.md).
     """
-    from ..distributed import PlanError, analyze, pipeline_stages, shard
+    from ..distributed import PlanError, ShardError, analyze, pipeline_stages, shard
     from ..distributed.consistency import trace
     from ..distributed.sharded import resolve_mesh
 
@@ -125,8 +138,15 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
             console.print(plan)
         return
     reports = _Reports(html, target, mesh.world_size) if html and out_dir is not None else None
-    shards = shard(t.program, plan=plan, mesh=None if plan is not None else mesh,
-                   sequence_parallel=sequence_parallel, fuse=fuse, instrument=reports)  # fmt: skip
+    try:
+        shards = shard(t.program, plan=plan, mesh=None if plan is not None else mesh,
+                       sequence_parallel=sequence_parallel, fuse=fuse,
+                       bucket=bucket, async_tp=async_tp,
+                       gates=_gates(gates), instrument=reports)  # fmt: skip
+    except ShardError as e:
+        if "gate" not in str(e):
+            raise
+        raise CliError(f"--gate: {e}", USAGE) from None
     if print_plan and not as_json:
         console.print(shards.plan)
     if verify:
@@ -164,6 +184,10 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
             "report: " + (", ".join(str(p) for p in written) or "none (no rank ran a pass)"),
             markup=False, highlight=False,
         )  # fmt: skip
+    for entry in shards.plan.applied:
+        state = "applied" if entry["applied"] else "not applied"
+        console.print(f"{entry['option']}: {state}: {entry['why']}", style="dim",
+                      markup=False, highlight=False)  # fmt: skip
     n = shards.world_size
     if fuse:
         fused = _fused(shards)
@@ -173,6 +197,18 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     console.print(
         f"wrote {n} program{'s' if n != 1 else ''}, plan.json and {manifest.name} to {out_dir}"
     )
+
+
+def _gates(gates: tuple[str, ...]) -> dict[str, str]:
+    """``--gate OPTION=LO..HI`` -> ``{OPTION: "LO..HI"}``."""
+    out = {}
+    for text in gates:
+        name, eq, rng = text.partition("=")
+        if not eq or not name.strip() or not rng.strip():
+            raise CliError(f"--gate takes OPTION=LO..HI (e.g. async_tp=512..), not {text!r}",
+                           USAGE)  # fmt: skip
+        out[name.strip()] = rng.strip()
+    return out
 
 
 class _Reports:

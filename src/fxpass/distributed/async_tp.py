@@ -124,7 +124,7 @@ def _matmuls_reading(wait: fx.Node) -> list[tuple[fx.Node, list[fx.Node]]] | Non
         if node.target in _VIEWS:
             stack.extend((u, [*views, node]) for u in node.users)
         elif node.target in _MATMULS and views and _matmul_input(node) is views[-1]:
-            if len(_shape(views[-1])) != 2:
+            if len(_shape(views[-1])) != 2 and node.target is not aten.linear.default:
                 return None
             found.append((node, views))
         else:

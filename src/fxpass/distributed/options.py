@@ -34,7 +34,7 @@ import torch
 
 from ..core.contract import FunctionPass
 from ..core.pass_registry import REGISTRY, applies_to
-from ..core.ranges import to_ranges
+from ..core.ranges import parse_ranges, to_ranges
 from .plan import OPTIONS, ShardError
 
 __all__ = ["OPTION_PASSES", "OptionPass", "option_passes", "record", "set_options", "tokens_of"]
@@ -189,7 +189,10 @@ def _gates(gates: dict[str, Any]) -> dict[str, list[int | None]]:
         if name not in OPTIONS:
             raise ShardError(f"no option {name!r} to gate; options: {', '.join(OPTIONS)}")
         try:
-            rng = to_ranges({"tokens": value})["tokens"]
+            if isinstance(value, str):  # "lo..hi", as in applies_to=tokens:lo..hi
+                rng = parse_ranges(f"tokens:{value}")["tokens"]
+            else:
+                rng = to_ranges({"tokens": value})["tokens"]
         except ValueError as e:
             raise ShardError(f"gate for {name}: {e}") from None
         out[name] = [rng.lo, rng.hi]
