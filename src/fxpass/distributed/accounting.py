@@ -162,6 +162,8 @@ def _role(node: fx.Node, call: Call, path: str, plan: Any, hidden: int) -> str:
     origin = (prov.get("replaced") or [""])[0]
     if rule == "bucket_collectives":
         return "bucket"
+    if rule == "async_tp":
+        return "chunk"
     if rule == "sequence_parallel" or call.kind == "reduce_scatter":
         return "sequence parallel" if _layer(path) != OUTSIDE else "tokens"
     if call.kind == "all_gather":
@@ -244,8 +246,15 @@ def rank_communication(
         row.minimum_bytes = 2 * per_block * hidden
         main = [r for r in roles if r in _MAIN]
         for r in roles:
-            if r not in _MAIN:
+            if r not in _MAIN and r != "chunk":
                 row.extra.append(_WHY.get(r, r))
+        chunks = roles.count("chunk")
+        if chunks:  # async TP: each block's collective in chunks, the same bytes
+            blocks = row.minimum_count - len(main)
+            if chunks > blocks:
+                row.extra.append(f"{chunks - blocks} more launches: async TP's chunks (the same "
+                                 "bytes, overlapped with the matmuls)")  # fmt: skip
+            main += ["chunk"] * min(chunks, blocks)
         if len(main) > row.minimum_count:
             n = len(main) - row.minimum_count
             row.extra.append(
