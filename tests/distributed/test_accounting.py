@@ -106,3 +106,11 @@ def test_every_family_at_the_minimum_or_says_why(family):
             assert r.at_minimum, r
     data = comm.to_dict()
     assert data["hidden_bytes"] == comm.hidden_bytes and len(data["ranks"]) == 2
+
+
+def test_async_tp_chunks_are_launches_not_bytes():
+    comm = communication(sharded(2, sequence_parallel=True, async_tp=2))
+    for r in _layers(comm):
+        assert r.counts == {"all_gather": 4, "reduce_scatter": 4} and r.bytes == r.minimum_bytes
+        assert r.extra == ["4 more launches: async TP's chunks (the same bytes, overlapped "
+                           "with the matmuls)"]  # fmt: skip
