@@ -33,6 +33,7 @@ from torch import fx
 from ..core.context import stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
+from ..verify.streams import require_safe_streams
 from .collectives import C10D, Inserter
 from .tensor_parallel import fake_mode, repropagate
 
@@ -222,4 +223,5 @@ def async_tp(gm: fx.GraphModule, *, chunks: int = 2) -> bool:
     stat("chunks", chunks)
     repropagate(gm, fake_mode(gm))
     gm.graph.lint()
+    require_safe_streams(gm)  # a graph on several streams must still order every read
     return True
