@@ -15,7 +15,7 @@ through ops), :mod:`~.analysis` (tensor parallelism), :mod:`~.experts` (mixtures
 experts), :mod:`~.pipeline` (stages by a cost model), :mod:`~.collectives`, the passes
 :mod:`~.tensor_parallel`, :mod:`~.expert_parallel`, :mod:`~.sequence_parallel` and
 :mod:`~.fuse_allreduce_add_rmsnorm`, :mod:`~.bucket_collectives` and :mod:`~.async_tp`
-(the plan's options, gated by size: :mod:`~.options`), :mod:`~.consistency` (every rank
+(the plan's options, gated by size: :mod:`~.shard_options`), :mod:`~.consistency` (every rank
 issues the same collectives), :mod:`~.accounting` (collectives and bytes per layer against
 the minimum), and :mod:`~.sharded` (the entry point). See docs/distributed.md.
 """

@@ -15,7 +15,7 @@ A plan holds a section per strategy, all over one :class:`~fxpass.distributed.me
   the activations it receives and sends;
 * ``options``: the passes run on the sharded graphs (``sequence_parallel``, ``fuse``,
   ``bucket``, ``async_tp``), ``gates`` (the token counts each applies to) and ``applied``
-  (what each did, and why: :mod:`.options`);
+  (what each did, and why: :mod:`.shard_options`);
 * ``collectives``: what the plan implies per forward (derived again when it is used).
 
 A plan round-trips through JSON (``plan.save(path)`` / ``ShardPlan.load(path)``) and prints
@@ -69,7 +69,7 @@ STYLES: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "batch": 0, 
                                  "replicate": None}  # fmt: skip
 #: The passes a plan can ask for on the sharded graphs, and their defaults (off): flags,
 #: and for ``bucket`` the threshold in bytes, for ``async_tp`` the chunks per matmul
-#: (:mod:`.options`).
+#: (:mod:`.shard_options`).
 OPTIONS: dict[str, Any] = {"sequence_parallel": False, "fuse": False, "bucket": 0,
                            "async_tp": 0}  # fmt: skip
 
@@ -290,7 +290,7 @@ class ShardPlan:
     experts: list[ExpertBlock] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=lambda: dict(OPTIONS))
-    #: option -> [lo, hi] token counts it applies to (hi None: no bound); see .options
+    #: option -> [lo, hi] token counts it applies to (hi None: no bound); see .shard_options
     gates: dict[str, list[int | None]] = field(default_factory=dict)
     #: what the options did, filled in by shard: option, pass, value, applied, why
     applied: list[dict[str, Any]] = field(default_factory=list)

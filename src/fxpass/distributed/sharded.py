@@ -44,8 +44,8 @@ from .collectives import C10D, DEFAULT_GROUP
 from .consistency import check_ranks
 from .expert_parallel import ExpertScript, expert_parallel, expert_script
 from .mesh import Mesh, MeshError
-from .options import option_passes, record, set_options, tokens_of
 from .plan import OPTIONS, PlanError, ShardError, ShardPlan, plural
+from .shard_options import option_passes, record, set_options, tokens_of
 from .stages import PipelineStages, pipeline_stages
 from .tensor_parallel import TensorScript, tensor_parallel, tensor_script
 

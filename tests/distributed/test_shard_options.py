@@ -11,7 +11,7 @@ import torch
 
 import fxpass as fp
 from fxpass.distributed import PlanError, ShardPlan
-from fxpass.distributed.options import OPTION_PASSES, tokens_of
+from fxpass.distributed.shard_options import OPTION_PASSES, tokens_of
 
 from _models import exported
 
