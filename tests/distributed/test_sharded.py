@@ -1,9 +1,10 @@
 """Every rank's program computes what the original computed: 2 and 4 gloo processes on
 127.0.0.1 load their .pt2 file and run it — the embedded decoder (dense and with experts) and
 every tiny Hugging Face family, sharded with no plan (the mesh chosen: tensor parallelism,
-the experts split across the ranks), with sequence parallelism and the collective fusion,
-with explicit meshes (experts cut over tp, tp x ep) and as pipeline stages under
-torch.distributed.pipelining — and the largest rank keeps at most 1/N + 5% of the weights.
+the experts split across the ranks), with sequence parallelism, the collective fusion,
+bucketing and async TP, with explicit meshes (experts cut over tp, tp x ep) and as pipeline stages under
+torch.distributed.pipelining — and the largest rank keeps at most 1/N + 5% of the weights;
+every case's ranks pass the consistency check before they run.
 
 One spawn per world size runs every case (spawning costs seconds); programs are sharded
 and saved here, in the test process, and each rank only loads and runs its own.
@@ -115,16 +116,17 @@ WORLD2 = (
 )  # fmt: skip
 #: 4 ranks: the named families with 4 KV heads (the tests' configs have 2, which cannot be
 #: split across 4 ranks; see test_analysis), experts over tp x ep, 6 experts over 4
-#: groups, tp x pp
+#: groups, tp x pp; bucketing and async TP on Llama, the MoE decoder and Olmo3
 WORLD4 = (
     {
         "decoder": ["auto", "sp+fuse", "tp2pp2", "sp+atp"],
         "decoder_moe": ["bucket"],
+        "llama": ["sp+atp"],
         "gpt_oss": ["auto", "tp2ep2"],
         "qwen3_moe6": ["ep4"],
     }
     | {n: ["auto"] for n in NAMED if n != "gpt_oss"}
-    | {"olmo3": ["auto", "bucket"]}
+    | {"olmo3": ["auto", "bucket", "sp+atp"]}
 )
 
 
