@@ -34,3 +34,6 @@ def test_benchmark_runs_quick(script):
     assert "ratio" in out or "speedup" in out, f"{script} printed no ratio:\n{proc.stdout}"
     if extra:
         assert "xnnpack's passes on each delegate" in out, proc.stdout
+    if script == "shard.py":  # per layer against the minimum; launches before/after bucketing
+        assert "communication per layer" in out and "launches per forward" in out, proc.stdout
+        assert "1 more all-reduce of partial sums" in out, proc.stdout  # the MoE's shared expert
