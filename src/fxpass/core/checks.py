@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import fx
 
+from ..fxutil.fx_internals import lint_nodes
 from ..fxutil.messages import first_line
 from .analysis_manager import PreservedAnalysisError
 from .context import PassContext
@@ -81,13 +82,31 @@ def run_checks(pipelines: Sequence[Any], gm: fx.GraphModule, ctx: Any, after: st
     active = [pipe for pipe in pipelines if pipe.run_checks_after_each_pass]
     for i, pipe in enumerate(active):
         checks: list[tuple[str, Check]] = []
-        if pipe.lint:
-            checks.append(("lint", lambda g: g.graph.lint()))
+        if pipe.lint and (after != "(input)" or state.full):
+            checks.append(("lint", lambda g: lint(g, state)))
         checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
         if i == len(active) - 1:
             checks.extend((getattr(c, "__name__", repr(c)), c) for c in state.invariants)
         for check_name, check in checks:
             _run_one(pipe, check_name, check, gm, ctx, after)
+
+
+def lint(gm: fx.GraphModule, state: Any) -> None:
+    """``graph.lint()``: over the whole graph (``verify_each="full"``, or after a pass that
+    may edit outside the editor), else over the nodes the pass changed and their
+    neighbours."""
+    touched = state.touched
+    if state.full or touched is None:
+        gm.graph.lint()
+        return
+    around: dict[Any, dict[fx.Node, None]] = {}
+    for n in touched:
+        near = around.setdefault(n.graph, {})
+        near[n] = None
+        near.update(dict.fromkeys(n.all_input_nodes))
+        near.update(n.users)
+    for graph, nodes in around.items():
+        lint_nodes(graph, iter(nodes))
 
 
 def _run_one(pipe: Any, name: str, check: Check, gm: fx.GraphModule, ctx: Any, after: str):
