@@ -93,19 +93,17 @@ def run_checks(pipelines: Sequence[Any], gm: fx.GraphModule, ctx: Any, after: st
 
 def lint(gm: fx.GraphModule, state: Any) -> None:
     """``graph.lint()``: over the whole graph (``verify_each="full"``, or after a pass that
-    may edit outside the editor), else over the nodes the pass changed and their
-    neighbours."""
+    may edit outside the editor), else over the nodes the pass changed (which include the
+    nodes whose arguments, users or neighbours changed): each checked against the nodes it
+    reads and the nodes that read it."""
     touched = state.touched
     if state.full or touched is None:
         gm.graph.lint()
         return
-    around: dict[Any, dict[fx.Node, None]] = {}
-    for n in touched:
-        near = around.setdefault(n.graph, {})
-        near[n] = None
-        near.update(dict.fromkeys(n.all_input_nodes))
-        near.update(n.users)
-    for graph, nodes in around.items():
+    by_graph: dict[Any, list[fx.Node]] = {}
+    for n in dict.fromkeys(touched):
+        by_graph.setdefault(n.graph, []).append(n)
+    for graph, nodes in by_graph.items():
         lint_nodes(graph, iter(nodes))
 
 

@@ -543,8 +543,9 @@ def restore_node_states(graph: fx.Graph, states: dict, made: list[fx.Node]) -> N
 
 def lint_nodes(graph: fx.Graph, nodes: Iterator[fx.Node]) -> None:
     """``graph.lint()`` over ``nodes`` (alive ones) only: opcode, owner, lookup table,
-    links, arguments of this graph defined before use, users agreeing with arguments, names
-    as the namespace has them, targets present in the owning module."""
+    links, arguments of this graph defined before the node and users after it, users
+    agreeing with arguments, names as the namespace has them, targets present in the owning
+    module."""
     from torch.fx.graph import _legal_ops
 
     table, root = graph._find_nodes_lookup_table, graph._root
@@ -577,8 +578,13 @@ def lint_nodes(graph: fx.Graph, nodes: Iterator[fx.Node]) -> None:
             if n not in arg.users:
                 raise RuntimeError(f"Node '{n}' reads '{arg}' but is not among its users")
         for user in n.users:
-            if n not in user._input_nodes:
+            if n not in user._input_nodes or user._erased:
                 raise RuntimeError(f"'{user}' is a user of Node '{n}' but does not read it")
+            if user._sort_key <= n._sort_key:
+                raise RuntimeError(
+                    f"Argument '{n}' of Node '{user}' was used before it has been defined! "
+                    "Please check that Nodes in the graph are topologically ordered"
+                )
         if owner is not None:
             if n.op == "call_function" and not callable(n.target):
                 raise ValueError(f"Node {n} target {n.target} is not callable")
