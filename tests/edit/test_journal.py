@@ -87,3 +87,24 @@ def test_journaled_and_snapshotted_passes_mixed_roll_back_exactly():
         fp.Pipeline(["fuse_add_rmsnorm", erase_asserts, "fuse_add_rmsnorm", _boom]).run(gm)
     assert _state(gm) == before
     gm.graph.lint()
+
+
+def _sneaky(gm):
+    """Declares editor-only edits, then writes a node's metadata behind the editor's back."""
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    node.meta["sneaky"] = True
+    return False
+
+
+_sneaky.edits = "editor"
+
+
+def test_the_full_checks_catch_an_edit_the_journal_did_not_see():
+    gm = _models.exported_gm()
+    before = _state(gm)
+    with pytest.raises(CheckFailedError, match="outside the editor"):
+        fp.Pipeline([_sneaky], verify_each="full").run(gm)
+    # a snapshot is not taken for it, so this is exactly what the check exists for
+    assert "sneaky" in next(n for n in gm.graph.nodes if n.op == "call_function").meta
+    assert len(_state(gm)) == len(before)
+    fp.Pipeline([_sneaky], verify_each="changed").run(gm)  # not audited: cheap runs trust it

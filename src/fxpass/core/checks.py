@@ -23,7 +23,7 @@ from .context import PassContext
 from .errors import CheckFailedError
 from .report import PassRecord
 
-__all__ = ["Check", "after_leaf", "run_checks", "watch"]
+__all__ = ["Check", "after_leaf", "check_journal", "run_checks", "watch"]
 
 Check = Callable[[fx.GraphModule], Any]
 
@@ -89,6 +89,21 @@ def run_checks(pipelines: Sequence[Any], gm: fx.GraphModule, ctx: Any, after: st
             checks.extend((getattr(c, "__name__", repr(c)), c) for c in state.invariants)
         for check_name, check in checks:
             _run_one(pipe, check_name, check, gm, ctx, after)
+
+
+def check_journal(p: Any, journal: Any, before: Any, ctx: PassContext, record: PassRecord):
+    """With the full checks: a pass that declares ``edits="editor"`` changed no node the
+    editor's journal did not see (else a failed run could not be undone exactly)."""
+    unseen = journal.audit(before)
+    if unseen:
+        cause = AssertionError(
+            f"pass '{p.name}' declares edits='editor' but changed nodes outside the editor: "
+            f"{', '.join(unseen[:5])}{' ...' if len(unseen) > 5 else ''}; edit them through "
+            "fxpass.edit.Editor, or declare edits='any'"
+        )
+        record.status = "failed"
+        record.error = first_line(cause)
+        raise CheckFailedError(p.name, "journal", ctx._run.ran, cause) from cause
 
 
 def lint(gm: fx.GraphModule, state: Any) -> None:

@@ -24,7 +24,7 @@ from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
 
 from ..edit.journal import Journal
 from ..fxutil.messages import first_line
-from .checks import Check, after_leaf, run_checks, watch
+from .checks import Check, after_leaf, check_journal, run_checks, watch
 from .context import DebugCounter, PassContext, _activate, current_context, scoped
 from .errors import NestingError, PassFailedError
 from .instrument import Instrumentation
@@ -404,6 +404,8 @@ def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False
         state.snapshots.append(p.name)
         journal = ctx.journal = None
     mark = journal.mark() if journaled else 0
+    epoch = journal.epoch if journaled else 0
+    audit = journal.audit_start(gm.graph) if journaled and state.full else None
     if journaled:
         before = None
     else:
@@ -443,7 +445,7 @@ def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False
         changed = True
         after = fingerprint(new_gm)
     elif journaled:
-        structural = journal.mark() != mark
+        structural = len(journal) != mark and journal.changed(epoch)
         changed = structural if claimed is None else (claimed or structural)
         after = _KEEP if not structural else None
     else:
@@ -466,6 +468,8 @@ def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False
     if changed:
         state.recompiler.mark_stale(new_gm)
         state.invariants.extend(c for c in p.invariants if c not in state.invariants)
+    if audit is not None:
+        check_journal(p, journal, audit, ctx, record)
     if leaf:
         after_leaf(p, new_gm, ctx, record, changed, watched, frame)
     return (new_gm, changed, record) if keep else (new_gm, changed)

@@ -32,8 +32,10 @@ from typing import Any
 from torch import fx
 
 from ..fxutil.fx_internals import (
+    graph_end,
     graph_header,
     input_nodes,
+    is_erased,
     node_neighbours,
     node_state,
     relinked,
@@ -45,10 +47,25 @@ from ..fxutil.fx_internals import (
 __all__ = ["Journal"]
 
 
+_BY_VALUE = (6, 7, 10)  # inputs, users (dicts of nodes), the sort key (a tuple of ints)
+
+
+def _same_state(a: tuple, b: tuple) -> bool:
+    """Two :func:`node_state` s alike: the same objects, the same metadata entries."""
+    meta_a, meta_b = a[9], b[9]
+    return (
+        all(x is y or (i in _BY_VALUE and x == y) for i, (x, y) in enumerate(zip(a, b)) if i != 9)
+        and meta_a.keys() == meta_b.keys()
+        and all(meta_a[k] is meta_b[k] for k in meta_a)
+    )
+
+
 class Journal:
     """The first state of every node a run's editor changed, restorable (see the module)."""
 
-    __slots__ = ("_graphs", "_made", "_new", "_order", "_states")
+    __slots__ = (
+        "_epoch", "_graphs", "_made", "_new", "_order", "_pass", "_pass_made", "_states",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._states: dict[fx.Node, tuple] = {}
@@ -56,13 +73,35 @@ class Journal:
         self._made: dict[fx.Graph, list[fx.Node]] = {}
         self._new: set[fx.Node] = set()  # the nodes made: nothing to put back
         self._order: list[fx.Node] = []  # every node saved or made, in the order it was
+        self._pass: dict[fx.Node, tuple] = {}  # since the mark: each node's state then
+        self._pass_made: list[fx.Node] = []  # since the mark: the nodes made
+        self._epoch = 0  # marks made: a mark inside a pass (a nested run) ends its own
 
     def __len__(self) -> int:
         return len(self._order)
 
     def mark(self) -> int:
-        """A position: :meth:`touched` lists the nodes changed or made after it."""
+        """A position: :meth:`touched` lists the nodes changed or made after it, and
+        :meth:`changed` says whether the graph is other than it was."""
+        self._pass.clear()
+        self._pass_made.clear()
+        self._epoch += 1
         return len(self._order)
+
+    @property
+    def epoch(self) -> int:
+        """How many marks were made (a mark made since another ends what it tracked)."""
+        return self._epoch
+
+    def changed(self, epoch: int) -> bool:
+        """Whether a node made since the :meth:`mark` (made at ``epoch``) is still in its
+        graph, or a node changed since is other than it was then (nodes made and erased
+        again, a rewrite declined, are no change). True when another mark came since."""
+        if epoch != self._epoch:
+            return True
+        if any(not is_erased(n) for n in self._pass_made):
+            return True
+        return any(not _same_state(old, node_state(n)) for n, old in self._pass.items())
 
     def touched(self, since: int = 0) -> list[fx.Node]:
         """The nodes changed or made after ``since`` (repeats possible)."""
@@ -81,10 +120,14 @@ class Journal:
 
     def _save(self, n: fx.Node) -> None:
         self._order.append(n)
-        if n in self._states or n in self._new:
+        if n in self._new:
+            return
+        if n in self._states:
+            if n not in self._pass:
+                self._pass[n] = node_state(n)
             return
         self._graph(n.graph)
-        self._states[n] = node_state(n)
+        self._states[n] = self._pass[n] = node_state(n)
 
     def before(self, *nodes: Any) -> None:
         """About to change ``nodes`` (and so the users of the nodes they read, and their
@@ -110,16 +153,24 @@ class Journal:
         it reads gained it as their last user and its neighbours' links now reach it; those
         not saved yet are saved as they were before it came."""
         self._graph(node.graph)
-        for m in input_nodes(node):
-            if m not in self._states and m not in self._new:
-                self._states[m] = without_user(node_state(m), node)
-            self._order.append(m)
+        new, states, this_pass = self._new, self._states, self._pass
         before, after = node_neighbours(node)
-        if before not in self._states and before not in self._new:
-            self._states[before] = relinked(node_state(before), after=after)
-        if after not in self._states and after not in self._new:
-            self._states[after] = relinked(node_state(after), before=before)
-        self._new.add(node)
+        inputs = input_nodes(node)
+        for m in (*inputs, before, after):
+            self._order.append(m)
+            if m in new or m in this_pass:
+                continue
+            state = node_state(m)
+            if m is before:
+                state = relinked(state, after=after)
+            if m is after:
+                state = relinked(state, before=before)
+            if m in inputs:
+                state = without_user(state, node)
+            this_pass[m] = state
+            states.setdefault(m, state)
+        new.add(node)
+        self._pass_made.append(node)
         self._made[node.graph].append(node)
         self._order.extend((before, after, node))
 
@@ -138,7 +189,28 @@ class Journal:
         self._graphs.clear()
         self._made.clear()
         self._new.clear()
+        self._pass.clear()
+        self._pass_made.clear()
         self._order.clear()
+
+    def audit_start(self, graph: fx.Graph) -> dict[fx.Node, tuple]:
+        """Every node of ``graph`` as it is now, for :meth:`audit` (a whole-graph copy: the
+        full checks' way to hold a pass to ``edits="editor"``)."""
+        return {n: node_state(n) for n in (graph_end(graph), *graph.nodes)}
+
+    def audit(self, before: dict[fx.Node, tuple]) -> list[str]:
+        """The nodes of ``before`` that changed but were not saved, or were saved other than
+        they were: edits the journal did not see (what an undo would miss)."""
+        out = []
+        for n, old in before.items():
+            if n in self._new:
+                continue
+            kept = self._pass.get(n)
+            if kept is None and n in self._states:
+                continue  # saved by an earlier pass; this one did not change it through the editor
+            if not _same_state(old, kept if kept is not None else node_state(n)):
+                out.append(n.name or "(the graph's end)")
+        return out
 
     def graphs(self) -> Iterator[fx.Graph]:
         """The graphs the journal saved nodes of."""
