@@ -8,7 +8,8 @@ Every row prints the measured ratio and its target; the performance tables of th
   an exported bf16 Llama-style decoder (``bench/rewrite.py``'s), graph surgery alone, at
   128 layers: warm (median of ``--repeat`` turns, the two alternating) and the first run in
   a fresh process (the program loaded from a ``.pt2``, untimed; the hand loop first, the
-  pipeline second; best of ``--repeat`` processes). Target: within 2x.
+  pipeline second; best of ``--repeat`` processes). Target: within 2x. A line below the
+  warm row splits it: the pass's function called alone, and the pipeline's own share.
 * ``(b) no-op passes``: ``Pipeline.run`` of 20 passes that change nothing on the 128-layer
   graph (16k nodes), minus the same passes called in a plain loop, per pass, against one
   ``recompile()`` of that graph. Target: under 2%.
@@ -134,20 +135,29 @@ print(json.dumps({"hand": t1 - t0, "pipeline": t2 - t1}))
 def row_a(table: Table, layers: int, repeat: int, tmp: Path) -> None:
     from rewrite import _hand_loop
 
+    from fxpass.passes.fusion.fuse_add_rmsnorm import fuse_add_rmsnorm
+
     ep, _, _ = exported_decoder(layers)
     gm0 = ep.graph_module
     nodes = len(gm0.graph.nodes)
     pipe = fp.Pipeline.parse("fuse_add_rmsnorm")
     fused = torch.ops.fxpass.fused_add_rmsnorm.default
-    hand, piped = [], []
-    for _ in range(repeat + 1):  # the first turn warms both up and is dropped
+    hand, piped, alone = [], [], []
+    for _ in range(repeat + 1):  # the first turn warms them up and is dropped
         gm = copy.deepcopy(gm0)
         hand.append(_cpu(lambda g=gm: _hand_loop(g)))
         gm = copy.deepcopy(gm0)
+        alone.append(_cpu(lambda g=gm: fuse_add_rmsnorm(g)))  # the function, no pipeline
+        gm = copy.deepcopy(gm0)
         piped.append(_cpu(lambda g=gm: pipe.run(g)))
         assert sum(1 for n in gm.graph.nodes if n.target is fused) == 2 * layers
-    hand, piped = hand[1:], piped[1:]
-    h, p = statistics.median(hand), statistics.median(piped)
+    hand, piped, alone = hand[1:], piped[1:], alone[1:]
+    h, p, a = statistics.median(hand), statistics.median(piped), statistics.median(alone)
+    print(
+        f"    of which the pass alone (its function called outside a pipeline): "
+        f"{a * 1e3:.1f} ms = {a / h:.2f}x the hand loop; the pipeline's own share "
+        f"{(p - a) * 1e3:.1f} ms = {(p - a) / h:.2f}x the hand loop"
+    )
     table.add(
         f"(a) fuse_add_rmsnorm warm, {layers} layers",
         f"Pipeline.run {p * 1e3:.1f} ms (spread {_spread(piped):.0%}, {repeat} runs)",
