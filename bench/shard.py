@@ -25,6 +25,10 @@ against 1/N, the collectives and bytes per token against the strategy's minimum,
 error — and, for pipeline stages, ``torch.distributed.pipelining.pipeline`` on the eager
 model in the same run.
 
+A third table (:mod:`_shard_comm`) prints, per strategy (TP, SP, SP + async TP, EP), the
+collectives and bytes per layer against the strategy's minimum, the extra collectives and
+why, and the launches per forward without and with bucketing.
+
     python bench/shard.py            # 2 and 4 ranks; 4, 16, 64 layers; every family and mesh
     python bench/shard.py --quick    # 2 ranks, 2 layers, Mixtral, 2 stages (a smoke test)
 """
@@ -171,6 +175,9 @@ def main(argv=None) -> int:
     import _shard_families
 
     _shard_families.show(_shard_families.run(QUICK_CASES if args.quick else CASES))
+    import _shard_comm
+
+    _shard_comm.show(args.quick)
     return 0
 
 

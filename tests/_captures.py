@@ -18,11 +18,13 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fxpass.fxutil.fx_internals import copy_sharing_specs
+from fxpass.fxutil.graph_forms import spelled
 
 from _models import lifted_inputs
 
-#: The graph kinds: export as users save it, export with core-ATen decompositions, AOT, Dynamo.
-IRS = ("export", "export_aten", "aot", "dynamo")
+#: The graph forms (fxutil/graph_forms.py): export as users save it, export with core-ATen
+#: decompositions, AOT, Dynamo.
+IRS = tuple(spelled({"export": "export", "export_aten": "aten", "aot": "aot", "dynamo": "dynamo"}))
 
 
 def _decoder(dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:

@@ -16,6 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Every pipeline run in the tests checks the analyses its passes declare preserved: computed
 # again after each pass that changed the graph and compared (fxpass.core.analysis_manager).
 os.environ.setdefault("FXPASS_VERIFY_ANALYSES", "1")
+# ... and lints the whole graph after every pass that changed it, and the input
+# (fxpass.core.run: verify_each="full"; users get the checks over the nodes a pass changed).
+os.environ.setdefault("FXPASS_VERIFY_EACH", "full")
 
 import _models
 

@@ -42,7 +42,8 @@ def test_test_modules_have_unique_basenames():
         assert other == path, f"{path.relative_to(ROOT)} and {other.relative_to(ROOT)}"
 
 
-#: torch's private attributes that fxpass reads or writes only through fxutil (fx.py, ops.py):
+#: torch's private attributes that fxpass reads or writes only through fxutil (fx_internals.py,
+#: ops.py):
 #: a torch upgrade that renames one changes one file.
 PRIVATE_TORCH = {"_schema", "_out_spec", "_in_spec", "_modules", "_buffers", "_parameters",
                  "_codegen"}  # fmt: skip

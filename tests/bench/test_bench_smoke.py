@@ -16,6 +16,7 @@ def test_benchmarks_exist():
     assert "pipeline_overhead.py" in SCRIPTS
     assert "executorch.py" in SCRIPTS  # ExecuTorch's lowering with and without install()
     assert "executorch_pass.py" in SCRIPTS  # ExportPass against ExecuTorch's, pass for pass
+    assert "cost.py" in SCRIPTS  # what each command costs against its anchor (issue 31)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -38,3 +39,12 @@ def test_benchmark_runs_quick(script):
         assert "xnnpack's passes on each delegate" in out, proc.stdout
     if script == "inductor.py":
         assert "vllm 0.32.0's own passes" in out or "skipped, the vllm environment" in out
+    if script == "shard.py":  # per layer against the minimum; launches before/after bucketing
+        assert "communication per layer" in out and "launches per forward" in out, proc.stdout
+        assert "1 more all-reduce of partial sums" in out, proc.stdout  # the MoE's shared expert
+    if script == "cost.py":  # every row, each with its ratio and its target
+        lines = proc.stdout.splitlines()
+        rows = [line for line in lines if line.startswith("(") and "skipped" not in line]
+        for row in ["(a)", "(b)", "(c)", "(d)"]:
+            assert any(line.startswith(row) and "ratio" in line for line in rows), proc.stdout
+        assert all("target" in line or "meets" in line or "MISSES" in line for line in rows)

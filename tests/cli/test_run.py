@@ -284,3 +284,16 @@ def test_verify_without_a_float32_reference_says_so_in_text_and_json(work: Path)
     ok = fxpass("run", "cli_targets:bf16_no_grad", "-p", "cse", "--verify", cwd=work)
     assert ok.code == 0, ok.err
     assert "no float32 reference" not in ok.out  # its subgraph runs in float32 too
+
+
+@pytest.mark.parametrize("extent", ["changed", "full"])
+def test_run_verify_each(work: Path, extent: str):
+    r = fxpass("run", "tiny.pt2", "-p", "cse,dce", "--verify-each", extent, "--json", cwd=work)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["modified"]
+
+
+def test_run_verify_each_refuses_other_words(work: Path):
+    r = fxpass("run", "tiny.pt2", "--verify-each", "some", cwd=work)
+    assert r.code == 2
+    assert "'some' is not one of 'changed', 'full'" in r.err

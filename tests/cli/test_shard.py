@@ -159,3 +159,81 @@ def test_report_draws_each_ranks_inserted_collectives(capsys, model_pt2, tmp_pat
     code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "-o", str(tmp_path / "j"),
                         "--report", str(tmp_path / "j.html"), "--json")  # fmt: skip
     assert json.loads(out)["reports"] == [str(tmp_path / f"j.rank{r}.html") for r in range(2)]
+
+
+# ----- rank consistency: fxpass shard --verify, fxpass check-ranks ------------------------------
+def test_verify_and_check_ranks_pass_real_programs(capsys, model_pt2, tmp_path):
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "--verify")
+    assert code == 0 and "consistent: the 2 ranks issue the same" in out
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "--verify", "-o",
+                        str(tmp_path / "o"))  # fmt: skip
+    assert code == 0 and "consistent" in out and "wrote 2 programs" in out
+    files = [str(tmp_path / "o" / f"rank{r}.pt2") for r in range(2)]
+    code, out, _ = _run(capsys, "check-ranks", *files)
+    assert (code, out.count("\n")) == (0, 1) and "consistent" in out
+
+
+def test_check_ranks_names_each_fault_on_each_rank(capsys, model_pt2, tmp_path):
+    import sys
+
+    from fxpass.targets.export import load
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "distributed"))
+    from _planted_collective import drop_collective, misshape_collective
+
+    _run(capsys, "shard", str(model_pt2), "-n", "4", "-o", str(tmp_path / "o"))
+    ranks = [load(tmp_path / "o" / f"rank{r}.pt2") for r in range(4)]
+    for rank, plant in ((1, drop_collective), (3, misshape_collective)):
+        gm, _ = plant(ranks[rank], 1)
+        ep = ranks[rank]
+        planted = torch.export.ExportedProgram(
+            gm, gm.graph, ep.graph_signature, ep.state_dict, ep.range_constraints,
+            ep.module_call_graph, constants=ep.constants,
+        )  # fmt: skip
+        torch.export.save(planted, str(tmp_path / f"bad{rank}.pt2"))
+    files = [str(tmp_path / "o" / "rank0.pt2"), str(tmp_path / "bad1.pt2"),
+             str(tmp_path / "o" / "rank2.pt2"), str(tmp_path / "bad3.pt2")]  # fmt: skip
+    code, out, _ = _run(capsys, "check-ranks", *files)
+    lines = out.strip().splitlines()
+    assert code == 1 and len(lines) == 2
+    assert "rank 0 runs 'all_reduce_default'" in lines[0] and "rank 1 has none there" in lines[0]
+    assert "rank 3 runs 'all_reduce_default' (all_reduce sum f32[8, 32])" in lines[1]
+    code, out, _ = _run(capsys, "check-ranks", *files, "--json")
+    assert code == 1 and [f["ranks"] for f in json.loads(out)["faults"]] == [[0, 1], [0, 3]]
+    code, _, err = _run(capsys, "check-ranks", *files[:3])
+    assert code == 2 and "the mesh tp 4 has 4 ranks, but 3 programs were given" in err
+    code, _, err = _run(capsys, "check-ranks", files[1], str(tmp_path / "none.pt2"))
+    assert code == 3 and "no such file" in err
+
+
+def test_report_prints_collectives_and_bytes_per_layer(capsys, model_pt2, tmp_path):
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "-o", str(tmp_path / "o"),
+                        "--report")  # fmt: skip
+    assert code == 0 and "communication per forward, every rank: tensor parallel" in out
+    assert "layers.0" in out and "every layer of every rank is at the minimum" in out
+    code, out, _ = _run(capsys, "shard", str(model_pt2), "-n", "2", "-o", str(tmp_path / "j"),
+                        "--report", "--json")  # fmt: skip
+    rows = json.loads(out)["communication"]["ranks"][0]
+    assert rows[0] == {"layer": "layers.0", "counts": {"all_reduce": 2}, "bytes": 4096,
+                       "minimum_count": 2, "minimum_bytes": 4096, "extra": []}  # fmt: skip
+
+
+def test_bucket_async_tp_and_gates_from_the_command_line(capsys, moe_pt2, tmp_path):
+    code, out, _ = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "b"),
+                        "--bucket", "--verify")  # fmt: skip
+    assert code == 0 and "bucket: applied: adjacent small collectives" in out
+    assert "launches before 8" in out and "launches after 6" in out and "consistent" in out
+    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert plan["options"]["bucket"] == 64 * 1024 and plan["applied"][0]["applied"]
+    code, out, _ = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "a"),
+                        "--sequence-parallel", "--async-tp", "--gate", "async_tp=16..",
+                        "--bucket", "1024")  # fmt: skip
+    assert code == 0 and "sequence_parallel: applied" in out
+    assert "async_tp: not applied: skipped: applies to tokens:16.." in out
+    assert "bucket: not applied: found nothing to change" in out
+    code, _, err = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "c"),
+                        "--gate", "overlap=1..8")  # fmt: skip
+    assert code == 2 and "no option 'overlap' to gate" in err
+    code, _, err = _run(capsys, "shard", str(moe_pt2), "-n", "2", "-o", str(tmp_path / "c"),
+                        "--gate", "async_tp")  # fmt: skip
+    assert code == 2 and "--gate takes OPTION=LO..HI" in err

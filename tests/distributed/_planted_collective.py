@@ -1,4 +1,6 @@
-"""A pass with one planted bad collective, and what each rank runs to bisect it.
+"""A pass with one planted bad collective, and what each rank runs to bisect it; rank
+programs with one planted fault (a dropped, mis-shaped, reordered collective) for the
+rank consistency check.
 
 ``reduce_replicas`` follows every matmul of a graph whose values are the same on every
 rank (replicated) with ``all_reduce(max)`` — the value itself, since all ranks hold it —
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fxpass.distributed.collectives import DEFAULT_GROUP, Inserter, all_reduce
+from fxpass.distributed.collectives import C10D, DEFAULT_GROUP, Inserter, all_reduce
 from fxpass.edit.editor import Editor
 
 aten = torch.ops.aten
@@ -71,3 +73,92 @@ def bisect_on_rank(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
         "matmuls": [n.name for n in matmuls(gm)],
         "text": str(result),
     }
+
+
+# ----- planted rank faults: one rank's program differs from the others' ------------------------
+def _rank_graph(program: Any) -> fx.GraphModule:
+    """A copy of a rank's graph module to plant a fault in (the program is left alone)."""
+    import copy
+
+    gm = program.graph_module if hasattr(program, "graph_module") else program
+    return copy.deepcopy(gm)
+
+
+def _collectives(gm: fx.GraphModule, target: Any) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.target is target]
+
+
+def drop_collective(program: Any, index: int) -> tuple[fx.GraphModule, str]:
+    """The program with its ``index``-th all-reduce (and its wait) removed: the partial sums
+    flow on unreduced. Returns the graph and the dropped node's name."""
+    gm = _rank_graph(program)
+    editor = Editor(pass_name="plant")
+    reduce = _collectives(gm, C10D.all_reduce.default)[index]
+    (wait,) = reduce.users
+    editor.replace_all_uses(wait, reduce.args[0], "plant")
+    editor.erase(reduce, "plant")
+    gm.recompile()
+    return gm, reduce.name
+
+
+def misshape_collective(program: Any, index: int) -> tuple[fx.GraphModule, str]:
+    """The program whose ``index``-th all-reduce sends half its last dim (a slice of what it
+    should reduce). Returns the graph and the node's name."""
+    gm = _rank_graph(program)
+    editor = Editor(pass_name="plant")
+    reduce = _collectives(gm, C10D.all_reduce.default)[index]
+    x = reduce.args[0]
+    half = x.meta["val"].shape[-1] // 2
+    cut = editor.insert(aten.slice.Tensor, (x, -1, 0, half), rule="plant", origin=[x],
+                        before=reduce, val=x.meta["val"][..., :half])  # fmt: skip
+    editor.set_args(reduce, (cut, *reduce.args[1:]), rule="plant")
+    gm.recompile()
+    return gm, reduce.name
+
+
+def reduce_op(program: Any, index: int, op: str) -> tuple[fx.GraphModule, str]:
+    """The program whose ``index``-th all-reduce reduces with ``op`` instead."""
+    gm = _rank_graph(program)
+    editor = Editor(pass_name="plant")
+    reduce = _collectives(gm, C10D.all_reduce.default)[index]
+    editor.set_args(reduce, (reduce.args[0], op, *reduce.args[2:]), rule="plant")
+    gm.recompile()
+    return gm, reduce.name
+
+
+def two_collectives(order: str) -> fx.GraphModule:
+    """A rank program that all-reduces one input and all-gathers another, in ``order``
+    ("reduce first" or "gather first"): two ranks that disagree on the order hang."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    c10d = torch.ops._c10d_functional
+
+    def f(a, b):
+        if order == "reduce first":
+            x = c10d.wait_tensor(c10d.all_reduce(a.sin(), "sum", "0"))
+            y = c10d.wait_tensor(c10d.all_gather_into_tensor(b.cos(), 2, "0"))
+        else:
+            y = c10d.wait_tensor(c10d.all_gather_into_tensor(b.cos(), 2, "0"))
+            x = c10d.wait_tensor(c10d.all_reduce(a.sin(), "sum", "0"))
+        return (x.sum() + y.sum(),)
+
+    return make_fx(f, tracing_mode="fake")(torch.randn(4, 8), torch.randn(2, 8))
+
+
+def collective_in_cond(same: bool) -> fx.GraphModule:
+    """A program whose ``cond`` all-reduces in its true branch and, unless ``same``, not in
+    its false branch (ranks with different predicates would hang)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    c10d = torch.ops._c10d_functional
+
+    def yes(x):
+        return c10d.wait_tensor(c10d.all_reduce(x.sin(), "sum", "0"))
+
+    def no(x):
+        return c10d.wait_tensor(c10d.all_reduce(x.cos(), "sum", "0")) if same else x.cos()
+
+    def f(x):
+        return (torch.cond(x.sum() > 0, yes, no, (x,)),)
+
+    return make_fx(f, tracing_mode="fake")(torch.randn(4, 8))

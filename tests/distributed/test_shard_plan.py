@@ -28,7 +28,10 @@ def test_json_round_trip(plan, tmp_path):
     assert data["world_size"] == 2 and data["options"] == {
         "sequence_parallel": False,
         "fuse": False,
+        "bucket": 0,
+        "async_tp": 0,
     }
+    assert data["gates"] == {} and data["applied"] == []
     first = data["decisions"][0]
     assert set(first) == {
         "param",

@@ -1,9 +1,10 @@
 """Every rank's program computes what the original computed: 2 and 4 gloo processes on
 127.0.0.1 load their .pt2 file and run it — the embedded decoder (dense and with experts) and
 every tiny Hugging Face family, sharded with no plan (the mesh chosen: tensor parallelism,
-the experts split across the ranks), with sequence parallelism and the collective fusion,
-with explicit meshes (experts cut over tp, tp x ep) and as pipeline stages under
-torch.distributed.pipelining — and the largest rank keeps at most 1/N + 5% of the weights.
+the experts split across the ranks), with sequence parallelism, the collective fusion,
+bucketing and async TP, with explicit meshes (experts cut over tp, tp x ep) and as pipeline stages under
+torch.distributed.pipelining — and the largest rank keeps at most 1/N + 5% of the weights;
+every case's ranks pass the consistency check before they run.
 
 One spawn per world size runs every case (spawning costs seconds); programs are sharded
 and saved here, in the test process, and each rank only loads and runs its own.
@@ -36,6 +37,9 @@ CONFIGS = {
     "tp": {"mesh": "tp"},  # experts cut along their features, not split by expert
     "tp2ep2": {"tp": 2, "ep": 2},
     "ep4": {"ep": 4},  # 6 experts over 4 groups: the first two take one more
+    "bucket": {"bucket": True},  # adjacent small collectives merged
+    "sp+atp": {"sequence_parallel": True, "async_tp": 2},  # chunks overlap comm and compute
+    "sp+atp+bucket+fuse": {"sequence_parallel": True, "async_tp": 2, "bucket": True, "fuse": True},
 }
 PIPELINES = {"pp": {"pp": 2}, "tp2pp2": {"tp": 2, "pp": 2}}
 NAMED = ("olmo3", "glm4", "gpt_oss", "qwen3_moe", "mixtral")
@@ -70,7 +74,10 @@ def _case(tmp, world_size: int, name: str, config: str) -> dict:
     else:
         expected = _logits(ep.module()(*inputs))
     d = tmp / f"{name}-{config}"
-    fp.shard(ep, **_options(config, world_size)).save(d)
+    shards = fp.shard(ep, **_options(config, world_size))
+    assert shards.check() == [], f"{name}-{config}: the ranks' collectives differ"
+    shards.save(d)
+    stats = shards.reports[0].stats() if shards.reports[0] is not None else {}
     torch.save(inputs, d / "inputs.pt")
     torch.save(expected, d / "expected.pt")
     return {
@@ -82,6 +89,11 @@ def _case(tmp, world_size: int, name: str, config: str) -> dict:
         "hf": hf,
         "unsharded": weight_bytes(ep),
         "even": config != "ep4",  # an uneven split keeps more than 1/N on its first ranks
+        "applied": shards.plan.applied,
+        "launches": (
+            stats.get("bucket_collectives.launches_before"),
+            stats.get("bucket_collectives.launches_after"),
+        ),
     }
 
 
@@ -96,18 +108,26 @@ def _logits(out):
 #: and a family; experts cut along their (interleaved) features; pipeline stages. Each case
 #: costs a save here and a load in each rank: the list is what adds coverage.
 WORLD2 = (
-    {"decoder": ["auto", "tp+fuse", "sp+fuse", "pp"], "decoder_moe": ["auto", "pp"]}
+    {"decoder": ["auto", "tp+fuse", "sp+fuse", "pp"],
+     "decoder_moe": ["auto", "pp", "bucket", "sp+atp+bucket+fuse"]}
     | {f: ["auto"] for f in _hf.SHARDED}
-    | {"llama": ["auto", "sp"], "gpt_oss": ["auto", "tp"]}
-)
+    | {"llama": ["auto", "sp", "sp+atp", "bucket"], "gpt_oss": ["auto", "tp"],
+       "olmo3": ["auto", "bucket", "sp+atp"]}
+)  # fmt: skip
 #: 4 ranks: the named families with 4 KV heads (the tests' configs have 2, which cannot be
 #: split across 4 ranks; see test_analysis), experts over tp x ep, 6 experts over 4
-#: groups, tp x pp
-WORLD4 = {
-    "decoder": ["auto", "sp+fuse", "tp2pp2"],
-    "gpt_oss": ["auto", "tp2ep2"],
-    "qwen3_moe6": ["ep4"],
-} | {n: ["auto"] for n in NAMED if n != "gpt_oss"}
+#: groups, tp x pp; bucketing and async TP on Llama, the MoE decoder and Olmo3
+WORLD4 = (
+    {
+        "decoder": ["auto", "sp+fuse", "tp2pp2", "sp+atp"],
+        "decoder_moe": ["bucket"],
+        "llama": ["sp+atp"],
+        "gpt_oss": ["auto", "tp2ep2"],
+        "qwen3_moe6": ["ep4"],
+    }
+    | {n: ["auto"] for n in NAMED if n != "gpt_oss"}
+    | {"olmo3": ["auto", "bucket", "sp+atp"]}
+)
 
 
 #: inside torch.compile: the passes take the rank from torch.distributed, Inductor compiles
@@ -169,6 +189,27 @@ def test_passes_inside_torch_compile_know_their_rank(world2):
 
 def test_every_family_is_run():
     assert set(WORLD2) >= {"decoder", *_hf.SHARDED} and set(NAMED) <= set(_hf.FAMILIES)
+
+
+@pytest.mark.parametrize("world, name", [("world2", "decoder_moe"), ("world2", "olmo3"),
+                                         ("world4", "decoder_moe"), ("world4", "olmo3")])  # fmt: skip
+def test_bucketing_launches_fewer_collectives(request, world, name):
+    results, cases = request.getfixturevalue(world)
+    case = cases[f"{name}-bucket"]
+    assert case["applied"][0]["option"] == "bucket" and case["applied"][0]["applied"]
+    before, after = case["launches"]
+    assert after == before - 2  # one bucket of two per layer, 2 layers
+    for rank_results in results:  # what each rank ran: the bucketed program, equal outputs
+        ops = rank_results[f"{name}-bucket"]["ops"]
+        assert sum(n for op, n in ops.items() if op != "wait_tensor") == after
+
+
+def test_async_tp_was_applied_where_it_runs(world2):
+    _, cases = world2
+    for name in ("decoder_moe-sp+atp+bucket+fuse", "llama-sp+atp", "olmo3-sp+atp"):
+        applied = {a["option"]: a for a in cases[name]["applied"]}
+        assert applied["async_tp"]["applied"], applied
+        assert applied["sequence_parallel"]["applied"], applied
 
 
 def test_experts_split_send_one_all_reduce_per_block(world2):

@@ -28,6 +28,7 @@ from ._common import (
     emit_json_error,
     stderr,
 )
+from .check_ranks import check_ranks_cmd
 from .commands import bisect_cmd, diff, list_cmd, repro, run, show
 from .demo import demo
 from .shard import shard_cmd
@@ -64,6 +65,7 @@ for _command, _short in _SHORT.items():
     _command.short_help = _short
     cli.add_command(_command)
 cli.add_command(shard_cmd)
+cli.add_command(check_ranks_cmd)
 
 
 def _error(message: str) -> None:

@@ -188,6 +188,9 @@ def _print_changes(out, changes: list, modified: bool) -> None:
 @click.option("--timing", is_flag=True, help="Print the nested per-pass timing tree.")
 @click.option("--statistics", is_flag=True, help="Print the statistics each pass counted.")
 @click.option("--verify", is_flag=True, help="Check numerics after each pass and at the end.")
+@click.option("--verify-each", type=click.Choice(["changed", "full"]), default=None,
+              help="Lint after each pass the nodes it changed (changed, the default) or the "
+                   "whole graph, and the input (full).")  # fmt: skip
 @click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
               help="Write the HTML report with pictures of each change.")  # fmt: skip
 @click.option("--reproducer", type=click.Path(file_okay=False), default=None,
@@ -201,7 +204,7 @@ def _print_changes(out, changes: list, modified: bool) -> None:
 @_tolerances
 @import_option
 def run(target, spec, output, print_after_change, print_after_all, timing, statistics,
-        verify, html, reproducer, cache, portable, as_json, rtol, atol, imports) -> None:  # fmt: skip
+        verify, verify_each, html, reproducer, cache, portable, as_json, rtol, atol, imports) -> None:  # fmt: skip
     """Run a pipeline on TARGET: print what each pass did, optionally verify and save.
 
     TARGET is a .pt2 file, a .fxgraph file, or module:function.
@@ -210,6 +213,8 @@ def run(target, spec, output, print_after_change, print_after_all, timing, stati
     from ..core.instrument import PrintIR, Statistics, Timing
 
     pipeline = parse_pipeline(spec)
+    if verify_each is not None:
+        pipeline.verify_each = verify_each
     if html:
         check_writable(html, "report")
     for folder, what in ((cache, "pipeline cache"), (reproducer, "reproducer")):

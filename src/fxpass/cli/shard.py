@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
 from ._common import (
+    FAILED,
     LOAD,
     USAGE,
     WRITE,
@@ -70,29 +72,49 @@ _DIM = click.IntRange(min=1)
 @click.option(
     "--fuse", is_flag=True, default=None, help="Fuse all-reduce + residual add + RMSNorm."
 )
+@click.option("--bucket", type=click.IntRange(min=0), default=None, is_flag=False,
+              flag_value=64 * 1024, metavar="[BYTES]",  # bucket_collectives.DEFAULT_THRESHOLD
+              help="Merge adjacent collectives of at most BYTES each (default 64 KiB) into "
+              "one launch.")  # fmt: skip
+@click.option("--async-tp", "async_tp", type=click.IntRange(min=2), default=None,
+              is_flag=False, flag_value=2, metavar="[CHUNKS]",
+              help="Split all-gather -> matmul and matmul -> reduce-scatter into CHUNKS "
+              "(default 2) that overlap communication and compute (with "
+              "--sequence-parallel).")  # fmt: skip
+@click.option("--gate", "gates", multiple=True, metavar="OPTION=LO..HI",
+              help="Apply OPTION (sequence_parallel, fuse, bucket, async_tp) only to token "
+              "counts LO..HI (HI may be left out); repeatable.")  # fmt: skip
 @click.option("--uneven", type=click.Choice(["error", "replicate"]), default="error",
               help="What to do with layers the ranks do not divide.")  # fmt: skip
 @click.option("--report", "html", type=click.Path(dir_okay=False), default=None,
-              help="Write each rank's HTML report (what each strategy inserted, drawn): "
-              "REPORT for one rank, else REPORT with .rank<r> before its suffix.")  # fmt: skip
+              is_flag=False, flag_value="",
+              help="Print each rank's collectives and bytes per layer against the strategy's "
+              "minimum; with a FILE, also write each rank's HTML report (what each strategy "
+              "inserted, drawn): FILE for one rank, else FILE with .rank<r> before its "
+              "suffix.")  # fmt: skip
+@click.option("--verify", is_flag=True,
+              help="Check that every rank issues the same collectives in the same order "
+              "(exit 1, writing nothing, with one line per fault).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @import_option
 def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, sequence_parallel,
-              fuse, uneven, html, as_json, imports) -> None:  # fmt: skip
+              fuse, bucket, async_tp, gates, uneven, html, verify, as_json,
+              imports) -> None:  # fmt: skip
     """Shard TARGET (a .pt2 file) into one program per rank: rank0.pt2 ... in OUTPUT, with
     plan.json (edit it and pass it back with --plan) and manifest.json (mesh, plan, per-rank
     files, bytes, sha256). Give the number of ranks (-n) or the mesh (--tp, --ep, --pp; the
     ranks are their product). Each rank loads its file and runs it on torch.distributed; with
     --pp, under torch.distributed.pipelining (see docs/distributed.md).
     """
-    from ..distributed import PlanError, analyze, pipeline_stages, shard
+    from ..distributed import PlanError, ShardError, analyze, pipeline_stages, shard
+    from ..distributed.consistency import trace
     from ..distributed.sharded import resolve_mesh
 
     dims = _mesh_dims(world_size, tp, ep, pp)
     plan = _plan(plan_file)
     if not dims and plan is None:
         raise click.UsageError("give the number of ranks (-n/--world-size) or --tp/--ep/--pp")
-    if output is None and not print_plan:
+    if output is None and not print_plan and not verify:
         raise click.UsageError("give -o/--output (a folder), or --print-plan to only plan")
     out_dir = _output_dir(output) if output else None
     if html:
@@ -107,7 +129,7 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     if mesh.world_size > 1 and plan is None:
         plan = analyze(t.program, mesh=mesh, uneven=uneven)
     console = stdout()
-    if out_dir is None:
+    if out_dir is None and not verify:
         if plan is not None and plan.mesh.pp > 1 and not plan.stages:  # part of the plan
             plan.stages = pipeline_stages(t.program, plan.mesh.pp).stages
         if as_json:
@@ -116,10 +138,27 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
             console.print(plan)
         return
     reports = _Reports(html, target, mesh.world_size) if html and out_dir is not None else None
-    shards = shard(t.program, plan=plan, mesh=None if plan is not None else mesh,
-                   sequence_parallel=sequence_parallel, fuse=fuse, instrument=reports)  # fmt: skip
+    try:
+        shards = shard(t.program, plan=plan, mesh=None if plan is not None else mesh,
+                       sequence_parallel=sequence_parallel, fuse=fuse,
+                       bucket=bucket, async_tp=async_tp,
+                       gates=_gates(gates), instrument=reports)  # fmt: skip
+    except ShardError as e:
+        if "gate" not in str(e):
+            raise
+        raise CliError(f"--gate: {e}", USAGE) from None
     if print_plan and not as_json:
         console.print(shards.plan)
+    if verify:
+        faults = shards.check()
+        if faults or out_dir is None or not as_json:
+            from .check_ranks import print_faults
+
+            print_faults(faults, shards.world_size, len(trace(shards[0])[0]))
+        if faults:
+            sys.exit(FAILED)
+        if out_dir is None:
+            return
     out_dir.mkdir(exist_ok=True)
     shards.plan.save(out_dir / "plan.json")
     try:
@@ -133,14 +172,22 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
         data = json.loads(manifest.read_text())
         if reports is not None:
             data["reports"] = [str(p) for p in written]
+        if html is not None:
+            data["communication"] = shards.communication().to_dict()
         emit_json(data)
         return
     console.print(shards)
+    if html is not None:
+        console.print(shards.communication())
     if reports is not None:
         console.print(
             "report: " + (", ".join(str(p) for p in written) or "none (no rank ran a pass)"),
             markup=False, highlight=False,
         )  # fmt: skip
+    for entry in shards.plan.applied:
+        state = "applied" if entry["applied"] else "not applied"
+        console.print(f"{entry['option']}: {state}: {entry['why']}", style="dim",
+                      markup=False, highlight=False)  # fmt: skip
     n = shards.world_size
     if fuse:
         fused = _fused(shards)
@@ -150,6 +197,18 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     console.print(
         f"wrote {n} program{'s' if n != 1 else ''}, plan.json and {manifest.name} to {out_dir}"
     )
+
+
+def _gates(gates: tuple[str, ...]) -> dict[str, str]:
+    """``--gate OPTION=LO..HI`` -> ``{OPTION: "LO..HI"}``."""
+    out = {}
+    for text in gates:
+        name, eq, rng = text.partition("=")
+        if not eq or not name.strip() or not rng.strip():
+            raise CliError(f"--gate takes OPTION=LO..HI (e.g. async_tp=512..), not {text!r}",
+                           USAGE)  # fmt: skip
+        out[name.strip()] = rng.strip()
+    return out
 
 
 class _Reports:

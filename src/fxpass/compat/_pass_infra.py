@@ -10,7 +10,11 @@ unchanged. What it gains:
 * :func:`pass_result_wrapper` reports ``modified`` honestly (torch's always says True), so
   ``steps`` stops as soon as a round changes nothing;
 * ``suppress_check_failures`` works (torch never reads it): failures are warned about and
-  listed in ``PassManager.suppressed``.
+  listed in ``PassManager.suppressed``;
+* it is a door like ``fxpass.apply`` (:func:`~fxpass.compat._policy.run_managed`): the run's
+  report in ``PassManager.report``, labelled ``door=torch.fx``; artifacts in torch's
+  structured log while ``TORCH_TRACE`` is on; with ``cache=`` (a folder), the result of an
+  earlier call on the same graph with the same passes is restored instead of running them.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ..core.contract import PassResult as _FxpassPassResult
 from ..core.errors import PassFailedError
 from ..core.pass_order import topological_order
 from ..core.snapshot import fingerprint, same_fingerprint
-from ._policy import manager_rounds, pass_manager_error, pass_name
+from ._policy import manager_rounds, pass_manager_error, pass_name, run_managed
 
 __all__ = [
     "PassBase",
@@ -175,8 +179,12 @@ class PassManager:
         steps: the most rounds to run; a round that changes nothing ends the run.
         run_checks_after_each_pass: run ``check`` after each pass.
         suppress_check_failures: warn about failing checks instead of raising.
+        cache: a folder (or :class:`~fxpass.core.cache.PipelineCache`) that keeps the
+            results of runs on GraphModules (fxpass's; torch's manager has none).
     """
 
+    #: how the run's report names this door (``report.where["door"]``)
+    door = "torch.fx"
     passes: list[Callable[..., PassResult | None]]
     constraints: list[Callable[[Callable[..., Any], Callable[..., Any]], bool]]
     _validated: bool = False
@@ -189,6 +197,8 @@ class PassManager:
         steps: int | None = None,
         run_checks_after_each_pass: bool = False,
         suppress_check_failures: bool = False,
+        *,
+        cache: Any = None,
     ) -> None:
         self.passes = passes or []
         self.constraints = constraints or []
@@ -198,6 +208,7 @@ class PassManager:
         self.suppress_check_failures = suppress_check_failures
         self.suppressed: list[str] = []
         self.report: Any = None
+        self.cache = cache
 
     def add_pass(self, _pass: Callable[..., PassResult | None]) -> None:
         """Adds a pass into the current list of passes."""
@@ -245,7 +256,7 @@ class PassManager:
             self, [_ManagedPass(p) for p in self.passes], self.check, "PassManager"
         )
         try:
-            result = rounds.run(module)
+            result = run_managed(rounds, module, door=self.door, cache=self.cache)
         except PassFailedError as e:
             names = [pass_name(p) for p in self.passes]
             raise pass_manager_error(names, e.pass_name) from e.cause

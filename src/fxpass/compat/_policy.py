@@ -3,6 +3,10 @@
 Both managers (:mod:`fxpass.compat.fx`'s ``PassManager`` and
 :mod:`fxpass.compat.executorch`'s two) run their passes as :func:`manager_rounds` under
 :data:`PASS_MANAGER`, and fail with :func:`pass_manager_error`: one policy, one error.
+They, and SGLang's manager (:mod:`fxpass.compat.sglang`), are doors like ``fxpass.apply``:
+each runs its pipeline through :func:`run_managed`, the one :class:`~fxpass.targets.runner.Runner`
+(a pipeline cache when the manager was given one, ``TORCH_TRACE`` artifacts, the report
+labelled with the door in ``report.where``).
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core.contract import Pass
-from ..core.pipeline import Fixpoint, RunPolicy
+from torch import fx
 
-__all__ = ["PASS_MANAGER", "manager_rounds", "pass_manager_error", "pass_name"]
+from ..core.contract import Pass, PassResult
+from ..core.pipeline import Fixpoint, Pipeline, RunPolicy
+from ..targets.runner import Runner
+
+__all__ = ["PASS_MANAGER", "manager_rounds", "pass_manager_error", "pass_name", "run_managed"]
 
 #: torch's ``PassManager`` and ExecuTorch's: the manager checks its input itself, runs its
 #: check after every pass (changed or not), and its ``steps`` is a cap on the rounds, not a
@@ -39,6 +46,15 @@ def manager_rounds(
         suppress_check_failures=manager.suppress_check_failures,
         policy=PASS_MANAGER,
     )
+
+
+def run_managed(
+    pipeline: Pipeline, gm: fx.GraphModule, *, door: str, cache: Any = None
+) -> PassResult:
+    """Run a manager's ``pipeline`` on ``gm`` through the one Runner, as every door does:
+    restored from (and kept in) ``cache`` when one is given, traced while ``TORCH_TRACE``
+    is on, its report labelled ``where["door"] = door`` (and the pipeline's name)."""
+    return Runner(pipeline, cache=cache, where={"door": door}).run(gm)
 
 
 def pass_name(fn: Any) -> str:

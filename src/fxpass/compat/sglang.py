@@ -13,7 +13,10 @@ The same code runs on this class, with differences users asked for: a failing pa
 module is restored to its state before ``apply()`` (SGLang's is left half-rewritten);
 ``apply()`` regenerates the module's code once and returns a
 :class:`~fxpass.PassResult` with the run's report; pattern passes use fxpass's linear-time
-``replace_pattern``, whose new nodes keep their metadata.
+``replace_pattern``, whose new nodes keep their metadata. Like every fxpass door it runs
+through the one Runner (:func:`~fxpass.compat._policy.run_managed`): the report says
+``door=sglang``, ``TORCH_TRACE`` gets the run's artifacts, and ``PassManager(gm, cache=folder)``
+restores the result of an earlier run on the same graph with the same passes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ..core.context import stat
 from ..core.contract import FunctionPass, Pass, PassResult
 from ..core.pass_registry import as_pass
 from ..core.pipeline import Pipeline
+from ._policy import run_managed
 
 __all__ = ["PassManager"]
 
@@ -53,9 +57,13 @@ def _callable_pass(obj: Any, name: str) -> Pass:
 
 
 class PassManager:
-    """Collect pass classes with :meth:`add`, run them in order with :meth:`apply`."""
+    """Collect pass classes with :meth:`add`, run them in order with :meth:`apply`.
 
-    def __init__(self, graph_module: fx.GraphModule) -> None:
+    ``cache`` (fxpass's; a folder or :class:`~fxpass.core.cache.PipelineCache`) keeps the
+    results of runs and restores them instead of running the passes again.
+    """
+
+    def __init__(self, graph_module: fx.GraphModule, *, cache: Any = None) -> None:
         if not isinstance(graph_module, fx.GraphModule):
             raise TypeError(
                 f"PassManager expects a torch.fx.GraphModule, got {type(graph_module).__name__}"
@@ -63,6 +71,7 @@ class PassManager:
         self.graph_module = graph_module
         self.passes: list[Pass] = []
         self.report: Any = None
+        self.cache = cache
 
     def add(self, pass_: Any, *args: Any, **kwargs: Any) -> None:
         """Add a pass: a class with ``pattern``/``replacement``, or a class (or instance) to call.
@@ -86,7 +95,8 @@ class PassManager:
 
     def apply(self) -> PassResult:
         """Run the passes in order; raises and restores the module if one fails."""
-        result = Pipeline(self.passes, name="sglang").run(self.graph_module)
+        pipeline = Pipeline(self.passes, name="sglang")
+        result = run_managed(pipeline, self.graph_module, door="sglang", cache=self.cache)
         self.graph_module = result.graph_module
         self.report = result.report
         return result

@@ -16,13 +16,14 @@ from typing import Any
 
 from torch import fx
 
+from ..fxutil.fx_internals import lint_nodes
 from ..fxutil.messages import first_line
 from .analysis_manager import PreservedAnalysisError
 from .context import PassContext
 from .errors import CheckFailedError
 from .report import PassRecord
 
-__all__ = ["Check", "after_leaf", "run_checks", "watch"]
+__all__ = ["Check", "after_leaf", "check_journal", "run_checks", "watch"]
 
 Check = Callable[[fx.GraphModule], Any]
 
@@ -81,13 +82,44 @@ def run_checks(pipelines: Sequence[Any], gm: fx.GraphModule, ctx: Any, after: st
     active = [pipe for pipe in pipelines if pipe.run_checks_after_each_pass]
     for i, pipe in enumerate(active):
         checks: list[tuple[str, Check]] = []
-        if pipe.lint:
-            checks.append(("lint", lambda g: g.graph.lint()))
+        if pipe.lint and (after != "(input)" or state.full):
+            checks.append(("lint", lambda g: lint(g, state)))
         checks.extend((getattr(c, "__name__", repr(c)), c) for c in pipe.checks)
         if i == len(active) - 1:
             checks.extend((getattr(c, "__name__", repr(c)), c) for c in state.invariants)
         for check_name, check in checks:
             _run_one(pipe, check_name, check, gm, ctx, after)
+
+
+def check_journal(p: Any, journal: Any, before: Any, ctx: PassContext, record: PassRecord):
+    """With the full checks: a pass that declares ``edits="editor"`` changed no node the
+    editor's journal did not see (else a failed run could not be undone exactly)."""
+    unseen = journal.audit(before)
+    if unseen:
+        cause = AssertionError(
+            f"pass '{p.name}' declares edits='editor' but changed nodes outside the editor: "
+            f"{', '.join(unseen[:5])}{' ...' if len(unseen) > 5 else ''}; edit them through "
+            "fxpass.edit.Editor, or declare edits='any'"
+        )
+        record.status = "failed"
+        record.error = first_line(cause)
+        raise CheckFailedError(p.name, "journal", ctx._run.ran, cause) from cause
+
+
+def lint(gm: fx.GraphModule, state: Any) -> None:
+    """``graph.lint()``: over the whole graph (``verify_each="full"``, or after a pass that
+    may edit outside the editor), else over the nodes the pass changed (which include the
+    nodes whose arguments, users or neighbours changed): each checked against the nodes it
+    reads and the nodes that read it."""
+    touched = state.touched
+    if state.full or touched is None:
+        gm.graph.lint()
+        return
+    by_graph: dict[Any, list[fx.Node]] = {}
+    for n in dict.fromkeys(touched):
+        by_graph.setdefault(n.graph, []).append(n)
+    for graph, nodes in by_graph.items():
+        lint_nodes(graph, iter(nodes))
 
 
 def _run_one(pipe: Any, name: str, check: Check, gm: fx.GraphModule, ctx: Any, after: str):

@@ -67,6 +67,11 @@ class _RunState:
     ran: list[str] = field(default_factory=list)  # leaf passes that completed, in order
     fp: Any = None  # (module, fingerprint) after the last pass
     suppressed: list[str] = field(default_factory=list)
+    snapshot: Any = None  # the rollback snapshot (modules; graphs once a pass needs them)
+    journal: Any = None  # the editor's journal of the run (kept when ctx.journal stops)
+    snapshots: list[str] = field(default_factory=list)  # passes a graph snapshot was for
+    full: bool = False  # checks over the whole graph after every pass (verify_each="full")
+    touched: Any = None  # the nodes the last journaled pass changed (None: not known)
 
 
 def _enabled(name: str) -> bool:
@@ -100,6 +105,10 @@ class PassContext:
     #: The analyses of the run's graphs (see :mod:`fxpass.core.analysis_manager`): computed on
     #: demand, cached per graph, dropped on a change unless the running pass preserves them.
     analyses: AnalysisManager = field(default_factory=AnalysisManager, repr=False)
+    #: The editor's journal (:class:`~fxpass.edit.journal.Journal`): the editor tells it
+    #: what each change will touch, so that a failed run can undo the changes; None outside a
+    #: run and after a pass that edits outside the editor (the run snapshots the graph then).
+    journal: Any = field(default=None, repr=False)
     #: the run's own bookkeeping (the pipeline's, not the passes')
     _run: _RunState = field(default_factory=_RunState, repr=False, init=False)
     _editor: Editor | None = field(default=None, repr=False, init=False)

@@ -103,6 +103,10 @@ class Pass:
     invariants: Sequence[Callable[[fx.GraphModule], Any]] = ()
     preserves: Sequence[Any] = ()
     keeps: frozenset[str] = frozenset()
+    #: ``"editor"``: every change the pass makes goes through the editor (metadata writes
+    #: only on nodes it made or changed through it), so the run undoes it from the editor's
+    #: journal; ``"any"``: it may edit otherwise, and the run snapshots the graph first.
+    edits: str = "any"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -202,6 +206,7 @@ class FunctionPass(Pass):
         self.invariants = tuple(getattr(fn, "invariants", ()))
         self.preserves = tuple(getattr(fn, "preserves", ()))
         self.keeps = metadata_keys(getattr(fn, "keeps", ()), f"pass '{self.name}'")
+        self.edits = getattr(fn, "edits", "any")
 
     def call(self, gm: fx.GraphModule):
         raise RuntimeError("FunctionPass runs through execute()")  # pragma: no cover
@@ -228,6 +233,7 @@ class ObjectPass(Pass):
         self.invariants = tuple(getattr(obj, "invariants", ()))
         self.preserves = tuple(getattr(obj, "preserves", ()))
         self.keeps = metadata_keys(getattr(obj, "keeps", ()), f"pass '{self.name}'")
+        self.edits = getattr(obj, "edits", "any")
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         obj = self.obj

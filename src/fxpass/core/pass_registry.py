@@ -255,6 +255,7 @@ class Registry:
         followed_by: Sequence[str] = (),
         preserves: Sequence[Any] | None = None,
         keeps: Sequence[str] | str | None = None,
+        edits: str | None = None,
     ) -> Any:
         """Register a pass function, :class:`Pass` subclass or object, or pipeline factory.
 
@@ -269,7 +270,9 @@ class Registry:
         before and after it (see :mod:`fxpass.core.requirements`); ``preserves`` the analyses
         it keeps valid (see :mod:`fxpass.core.analysis_manager`); ``keeps`` the node metadata
         it keeps valid (see :data:`fxpass.core.contract.METADATA`); ``origin`` where it comes
-        from (``fxpass list`` shows it; see :func:`register`).
+        from (``fxpass list`` shows it; see :func:`register`); ``edits="editor"`` that every
+        change it makes goes through the editor (a failed run then undoes it from the
+        editor's journal instead of a whole-graph snapshot).
         Registering a taken name is an error unless ``replace``.
         """
         declared = _declarations(applies_to, needs, followed_by)
@@ -284,6 +287,7 @@ class Registry:
                 **declared,
                 preserves=preserves,
                 keeps=keeps,
+                edits=edits,
             )(name)
 
         def decorate(obj: Any) -> Any:
@@ -298,6 +302,10 @@ class Registry:
             if keeps is not None:
                 who = f"pass '{name or getattr(obj, 'name', None) or obj.__name__}'"
                 obj.keeps = metadata_keys(keeps, who)
+            if edits is not None:
+                if edits not in ("editor", "any"):
+                    raise ValueError(f"edits= takes 'editor' or 'any', got {edits!r}")
+                obj.edits = edits
             info = self._info_for(obj, name, takes_pipeline, origin)
             if info.name in self._infos and not replace:
                 raise ValueError(
@@ -469,6 +477,7 @@ def register(
     preserves: Sequence[Any] | None = None,
     keeps: Sequence[str] | str | None = None,
     origin: str = "user",
+    edits: str | None = None,
 ) -> Any:
     """Register a pass in fxpass's registry (see :meth:`Registry.register`).
 
@@ -497,6 +506,7 @@ def register(
         preserves=preserves,
         keeps=keeps,
         origin=origin,
+        edits=edits,
     )
 
 

@@ -87,6 +87,10 @@ class Pipeline(PassGroup, Pass):
         suppress_check_failures: record and warn instead of raising when a check fails.
         instrument: instrumentation attached to every run of this pipeline.
         policy: how checks and the round limit apply (see :class:`RunPolicy`).
+        verify_each: how much of the graph the checks after a pass look at: ``"changed"``
+            (the nodes it changed through the editor and their neighbours; the whole graph
+            after a pass that edits otherwise) or ``"full"`` (the whole graph, and the
+            input; default: ``$FXPASS_VERIFY_EACH``, else ``"changed"``).
         verify_analyses: after each pass that changed the graph, compute the analyses it
             declares preserved again and fail when they differ (default: the
             ``FXPASS_VERIFY_ANALYSES`` environment variable).
@@ -107,6 +111,7 @@ class Pipeline(PassGroup, Pass):
         instrument: Iterable[Instrumentation] = (),
         policy: RunPolicy = DEFAULT_POLICY,
         verify_analyses: bool | None = None,
+        verify_each: str | None = None,
     ) -> None:
         if isinstance(passes, str):  # iterating it would look up a pass per character
             raise TypeError(
@@ -123,6 +128,7 @@ class Pipeline(PassGroup, Pass):
             instrument=instrument,
             policy=policy,
             verify_analyses=verify_analyses,
+            verify_each=verify_each,
         )
         self._constraints: list[Any] = []
         self._ordered: list[Pass] | None = None

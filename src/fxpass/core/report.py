@@ -89,6 +89,9 @@ class Report:
     #: fxpass pipeline cache, Inductor's cache) — the records are those of the run that
     #: filled it
     cached: str = ""
+    #: the passes before which the run took a whole-graph snapshot for its rollback (they
+    #: may edit outside the editor; the others are undone from the editor's journal)
+    snapshots: list[str] = field(default_factory=list)
 
     @property
     def spec(self) -> str:

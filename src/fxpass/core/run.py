@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from typing import Any
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult as _TorchPassResult
 
+from ..edit.journal import Journal
 from ..fxutil.messages import first_line
-from .checks import Check, after_leaf, run_checks, watch
+from .checks import Check, after_leaf, check_journal, run_checks, watch
 from .context import DebugCounter, PassContext, _activate, current_context, scoped
 from .errors import NestingError, PassFailedError
 from .instrument import Instrumentation
@@ -34,6 +36,7 @@ from .snapshot import GraphSnapshot, fingerprint, same_fingerprint
 __all__ = [
     "DISABLED",
     "MAX_NESTING",
+    "VERIFY_EACH_ENV",
     "PassGroup",
     "PassResult",
     "RunPolicy",
@@ -49,6 +52,25 @@ DISABLED: set[str] = set()
 
 def _enabled(name: str) -> bool:
     return name not in DISABLED
+
+
+#: The environment variable that sets how much the checks after each pass look at:
+#: ``changed`` (the default: the nodes a pass changed through the editor and their
+#: neighbours; the whole graph after a pass that edits otherwise) or ``full`` (the whole
+#: graph after every pass that changed it, and the input; what the tests use).
+VERIFY_EACH_ENV = "FXPASS_VERIFY_EACH"
+VERIFY_EACH = ("changed", "full")
+
+
+def verify_each_mode(value: str | None) -> str:
+    """The checks' extent: ``value``, else ``$FXPASS_VERIFY_EACH``, else ``changed``."""
+    mode = value or os.environ.get(VERIFY_EACH_ENV) or "changed"
+    if mode not in VERIFY_EACH:
+        raise ValueError(
+            f"verify_each takes {' or '.join(map(repr, VERIFY_EACH))}, got {mode!r} "
+            f"(from {'the argument' if value else '$' + VERIFY_EACH_ENV})"
+        )
+    return mode
 
 
 _GLOBAL_INSTRUMENTS: contextvars.ContextVar[tuple[Instrumentation, ...]] = contextvars.ContextVar(
@@ -167,8 +189,12 @@ class PassGroup:
         instrument: Iterable[Instrumentation] = (),
         policy: RunPolicy = DEFAULT_POLICY,
         verify_analyses: bool | None = None,
+        verify_each: str | None = None,
     ) -> None:
         self._passes: list[Any] = list(passes)
+        if verify_each is not None:
+            verify_each_mode(verify_each)
+        self.verify_each = verify_each
         self.policy = policy
         self.verify_analyses = verify_analyses
         if name:
@@ -259,9 +285,14 @@ class PassGroup:
             ctx.analyses.verify = self.verify_analyses
         state = ctx._run
         state.recompiler = DeferredRecompile()
+        state.full = verify_each_mode(getattr(self, "verify_each", None)) == "full"
         root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
         report = Report(root=root, suppressed=state.suppressed)
-        snapshot = GraphSnapshot.take(gm)
+        # rollback: the modules' own state now (cheap), the graphs' from the editor's
+        # journal, or a whole-graph snapshot before the first pass that edits otherwise
+        snapshot = state.snapshot = GraphSnapshot.take(gm, graphs=False)
+        journal = state.journal = ctx.journal = Journal()
+        state.snapshots = report.snapshots
         state.recompiler.install(gm)
         new_gm = gm
         t0 = time.perf_counter()
@@ -275,6 +306,7 @@ class PassGroup:
         except PassFailedError as err:
             state.recompiler.finish(recompile=False)
             edited = snapshot.restore()
+            journal.undo()
             root.seconds = time.perf_counter() - t0
             root.status = "failed"
             root.nodes_after = len(gm.graph.nodes)
@@ -293,7 +325,9 @@ class PassGroup:
         except BaseException:
             state.recompiler.finish(recompile=False)
             snapshot.restore()
+            journal.undo()
             raise
+        journal.clear()
         state.recompiler.finish()
         root.seconds = time.perf_counter() - t0
         root.modified = modified
@@ -343,6 +377,9 @@ def _interpret(p: Any, ret: Any, gm: fx.GraphModule, record: PassRecord):
     )
 
 
+_KEEP: Any = object()
+
+
 def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False):
     """Run one pass inside a run; returns (module, modified) or, with keep, also the record."""
     fresh = record is None
@@ -358,7 +395,21 @@ def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False
         return (gm, False, record) if keep else (gm, False)
     state = ctx._run
     leaf = not isinstance(p, PassGroup)
-    before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
+    journal = ctx.journal
+    journaled = leaf and journal is not None and getattr(p, "edits", "any") == "editor"
+    if leaf and not journaled and journal is not None and state.snapshot is not None:
+        # the first pass that may edit outside the editor: a whole-graph snapshot from here
+        # on (the journal keeps what came before it)
+        state.snapshot.take_graphs()
+        state.snapshots.append(p.name)
+        journal = ctx.journal = None
+    mark = journal.mark() if journaled else 0
+    epoch = journal.epoch if journaled else 0
+    audit = journal.audit_start(gm.graph) if journaled and state.full else None
+    if journaled:
+        before = None
+    else:
+        before = state.fp[1] if state.fp is not None and state.fp[0] is gm else fingerprint(gm)
     watched = watch(p, gm, ctx) if leaf else ()
     state.records.append(record)
     ctx.pass_path.append(p.name)
@@ -393,6 +444,10 @@ def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False
         state.recompiler.install(new_gm)
         changed = True
         after = fingerprint(new_gm)
+    elif journaled:
+        structural = len(journal) != mark and journal.changed(epoch)
+        changed = structural if claimed is None else (claimed or structural)
+        after = _KEEP if not structural else None
     else:
         after = fingerprint(gm)
         structural = not same_fingerprint(before, after)
@@ -401,7 +456,9 @@ def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False
             note = "said it did not change the graph, but it did"
             if note not in record.notes:
                 record.notes.append(note)
-    state.fp = (new_gm, after)
+    if after is not _KEEP:  # a journaled pass that changed nothing keeps the last one
+        state.fp = (new_gm, after) if after is not None else None
+    state.touched = journal.touched(mark) if journaled and new_gm is gm else None
     ctx.analyses.leave(frame, gm, new_gm, changed, leaf=leaf)
     ctx.changed = changed
     record.modified |= changed
@@ -411,6 +468,8 @@ def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False
     if changed:
         state.recompiler.mark_stale(new_gm)
         state.invariants.extend(c for c in p.invariants if c not in state.invariants)
+    if audit is not None:
+        check_journal(p, journal, audit, ctx, record)
     if leaf:
         after_leaf(p, new_gm, ctx, record, changed, watched, frame)
     return (new_gm, changed, record) if keep else (new_gm, changed)

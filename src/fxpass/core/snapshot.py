@@ -59,15 +59,13 @@ class GraphSnapshot:
 
     __slots__ = ("_classes", "_graphs", "_states", "_versions", "gm")
 
-    def __init__(self, gm: torch.nn.Module) -> None:
+    def __init__(self, gm: torch.nn.Module, *, graphs: bool = True) -> None:
         self.gm = gm
         modules = list(gm.modules())
         self._states = [_ModuleState(m) for m in modules]
-        self._graphs = [
-            GraphState(graph)
-            for m in modules
-            if isinstance(m, fx.GraphModule) and (graph := own_graph(m)) is not None
-        ]
+        self._graphs: list[GraphState] = []
+        if graphs:
+            self.take_graphs()
         self._classes = [
             (cls, {a: cls.__dict__[a] for a in _CODE_CLASS_ATTRS if a in cls.__dict__})
             for cls in {type(m) for m in modules if isinstance(m, fx.GraphModule)}
@@ -77,9 +75,24 @@ class GraphSnapshot:
         }
 
     @classmethod
-    def take(cls, gm: torch.nn.Module) -> GraphSnapshot:
-        """Journal ``gm`` so that :meth:`restore` can put it back."""
-        return cls(gm)
+    def take(cls, gm: torch.nn.Module, *, graphs: bool = True) -> GraphSnapshot:
+        """Journal ``gm`` so that :meth:`restore` can put it back (without ``graphs``: its
+        modules, tables and code only, the graphs left to the editor's journal until
+        :meth:`take_graphs`)."""
+        return cls(gm, graphs=graphs)
+
+    @property
+    def has_graphs(self) -> bool:
+        return bool(self._graphs)
+
+    def take_graphs(self) -> None:
+        """Add every node of every graph in the module, as it is now (a whole-graph copy of
+        the nodes' state: for a pass that edits outside the editor)."""
+        self._graphs = [
+            GraphState(graph)
+            for m in self.gm.modules()
+            if isinstance(m, fx.GraphModule) and (graph := own_graph(m)) is not None
+        ]
 
     def restore(self) -> list[str]:
         """Put the module back as it was; return names of tensors edited in place (not undone)."""

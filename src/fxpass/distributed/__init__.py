@@ -9,18 +9,22 @@ torch.distributed — its collectives fused where they can be.
 >>> fxpass.shard(exported_program, tp=2, ep=2, pp=2)               # doctest: +SKIP
 
 Modules: :mod:`~.mesh` (ranks and groups), :mod:`~.plan` (the plan as data),
-:mod:`~.layout` (how a tensor is cut), :mod:`~.sites` (where weights are used),
+:mod:`~.placement` (how a tensor is cut), :mod:`~.sites` (where weights are used),
 :mod:`~.rules`, :mod:`~.partial` and :mod:`~.propagate` (how slices and partial sums go
 through ops), :mod:`~.analysis` (tensor parallelism), :mod:`~.experts` (mixtures of
-experts), :mod:`~.pipeline` (stages by a cost model), :mod:`~.collectives`, the passes
+experts), :mod:`~.stages` (stages by a cost model), :mod:`~.collectives`, the passes
 :mod:`~.tensor_parallel`, :mod:`~.expert_parallel`, :mod:`~.sequence_parallel` and
-:mod:`~.fuse_allreduce_add_rmsnorm`, and :mod:`~.sharded` (the entry point). See
-docs/distributed.md.
+:mod:`~.fuse_allreduce_add_rmsnorm`, :mod:`~.bucket_collectives` and :mod:`~.async_tp`
+(the plan's options, gated by size: :mod:`~.shard_options`), :mod:`~.consistency` (every rank
+issues the same collectives), :mod:`~.accounting` (collectives and bytes per layer against
+the minimum), and :mod:`~.sharded` (the entry point). See docs/distributed.md.
 """
 
 from __future__ import annotations
 
 from . import (  # noqa: F401  (registers the passes)
+    async_tp,
+    bucket_collectives,
     expert_parallel,
     fuse_allreduce_add_rmsnorm,
     sequence_parallel,

@@ -13,7 +13,9 @@ A plan holds a section per strategy, all over one :class:`~fxpass.distributed.me
   router, its expert weights and where their rows are combined;
 * ``stages`` (pipeline parallelism): one :class:`Stage` per pipeline stage — its nodes and
   the activations it receives and sends;
-* ``options``: the passes run on the sharded graphs (``sequence_parallel``, ``fuse``);
+* ``options``: the passes run on the sharded graphs (``sequence_parallel``, ``fuse``,
+  ``bucket``, ``async_tp``), ``gates`` (the token counts each applies to) and ``applied``
+  (what each did, and why: :mod:`.shard_options`);
 * ``collectives``: what the plan implies per forward (derived again when it is used).
 
 A plan round-trips through JSON (``plan.save(path)`` / ``ShardPlan.load(path)``) and prints
@@ -65,8 +67,11 @@ _OLD_FORMAT = "fxpass.shard_plan/1"  # world_size instead of a mesh
 #: Each style, and the dim of a 2-D weight it cuts (None: any the site says, or none).
 STYLES: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "batch": 0, "slice": None,
                                  "replicate": None}  # fmt: skip
-#: The passes a plan can ask for on the sharded graphs, and their defaults.
-OPTIONS: dict[str, bool] = {"sequence_parallel": False, "fuse": False}
+#: The passes a plan can ask for on the sharded graphs, and their defaults (off): flags,
+#: and for ``bucket`` the threshold in bytes, for ``async_tp`` the chunks per matmul
+#: (:mod:`.shard_options`).
+OPTIONS: dict[str, Any] = {"sequence_parallel": False, "fuse": False, "bucket": 0,
+                           "async_tp": 0}  # fmt: skip
 
 
 class ShardError(FxpassError):
@@ -127,6 +132,28 @@ def _unknown(data: dict, where: str, known: Any) -> None:
     extra = sorted(set(data) - set(known))
     if extra:
         raise PlanError(f"plan field '{where}' has an unknown key {extra[0]!r}")
+
+
+def _gates(data: dict) -> dict[str, list[int | None]]:
+    """``{option: [lo, hi]}``: token counts, ``hi`` null for no bound."""
+    _unknown(data, "gates", OPTIONS)
+    out: dict[str, list[int | None]] = {}
+    for name, value in data.items():
+        ok = (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value)
+            and isinstance(value[0], int)
+            and value[0] >= 0
+            and (value[1] is None or value[1] >= value[0])
+        )
+        if not ok:
+            raise PlanError(
+                f"plan field 'gates.{name}' must be [lo, hi] token counts (hi >= lo, or null "
+                f"for no bound), not {value!r}"
+            )
+        out[name] = list(value)
+    return out
 
 
 # ----- the sections ------------------------------------------------------------------------
@@ -262,7 +289,11 @@ class ShardPlan:
     collectives: list[dict[str, Any]] = field(default_factory=list)
     experts: list[ExpertBlock] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
-    options: dict[str, bool] = field(default_factory=lambda: dict(OPTIONS))
+    options: dict[str, Any] = field(default_factory=lambda: dict(OPTIONS))
+    #: option -> [lo, hi] token counts it applies to (hi None: no bound); see .shard_options
+    gates: dict[str, list[int | None]] = field(default_factory=dict)
+    #: what the options did, filled in by shard: option, pass, value, applied, why
+    applied: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.mesh, int):  # ShardPlan(2, decisions): tensor parallelism on 2
@@ -307,6 +338,8 @@ class ShardPlan:
             "experts": [b.to_dict() for b in self.experts],
             "stages": [s.to_dict() for s in self.stages],
             "collectives": list(self.collectives),
+            "gates": {k: list(v) for k, v in self.gates.items()},
+            "applied": [dict(a) for a in self.applied],
         }
 
     def to_json(self, **kwargs: Any) -> str:
@@ -317,7 +350,7 @@ class ShardPlan:
         if not isinstance(data, dict) or data.get("format") not in (FORMAT, _OLD_FORMAT):
             raise PlanError(f"not a sharding plan: expected a JSON object with format {FORMAT!r}")
         known = ("format", "mesh", "world_size", "options", "decisions", "experts", "stages",
-                 "collectives")  # fmt: skip
+                 "collectives", "gates", "applied")  # fmt: skip
         _unknown(data, "plan", known)
         if "mesh" in data:
             dims = _get(data, "plan", "mesh", dict)
@@ -339,7 +372,11 @@ class ShardPlan:
             )
         options = _get(data, "plan", "options", dict, {})
         _unknown(options, "options", OPTIONS)
-        opts = {k: _get(options, "options", k, bool, v) for k, v in OPTIONS.items()}
+        opts = {k: _get(options, "options", k, type(v), v) for k, v in OPTIONS.items()}
+        for k, v in opts.items():
+            if not isinstance(v, bool) and v < 0:
+                raise PlanError(f"plan field 'options.{k}' must be >= 0, not {v}")
+        gates = _gates(_get(data, "plan", "gates", dict, {}))
 
         def section(name: str, make: Any) -> list:
             items = _get(data, "plan", name, list, [] if name != "decisions" else _MISSING)
@@ -358,6 +395,8 @@ class ShardPlan:
             section("experts", ExpertBlock.from_dict),
             stages,
             opts,
+            gates,
+            list(_get(data, "plan", "applied", list, [])),
         )
 
     @classmethod

@@ -211,10 +211,17 @@ class _Scatter:
         return self.gathered[value]
 
 
+def _per_token(value: fx.Node) -> bool:
+    val = value.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() >= 2 and val.shape[-1] == 1
+
+
 def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
     """Turn the graph's sum all-reduces into reduce-scatters (see the module docstring);
     returns how many."""
-    pairs = collectives.sum_all_reduces(gm)
+    # a distributed norm's all-reduce (one value per token, [..., 1]) stays: its result
+    # scales feature-sharded values of every token, which the scattered layout cannot hold
+    pairs = [(r, w) for r, w in collectives.sum_all_reduces(gm) if not _per_token(r.args[0])]
     if not pairs:
         return 0
     editor = Editor(pass_name=RULE)

@@ -2,7 +2,7 @@
 
 The strategies compose over one plan and one mesh (``tp x ep x pp``,
 :mod:`~fxpass.distributed.mesh`). The plan is made (or read) and checked once: the
-program is cut into pipeline stages (:mod:`.pipeline`) and, per stage, the plan is followed
+program is cut into pipeline stages (:mod:`.stages`) and, per stage, the plan is followed
 into what every rank applies (:func:`~.tensor_parallel.tensor_script`,
 :func:`~.expert_parallel.expert_script`) — a plan that does not fit fails here, before any
 rank is made. Each rank's program is then one :class:`~fxpass.Pipeline` run on its stage's
@@ -18,6 +18,7 @@ failed rewrite leaves the input untouched.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import io
@@ -33,17 +34,18 @@ from rich.table import Table
 from torch import fx
 
 from ..core.contract import FunctionPass
-from ..core.pass_registry import REGISTRY
 from ..core.pipeline import Pipeline
+from ..core.ranges import compile_range
 from ..core.report import Report
 from ..targets.apply import apply
 from ..targets.export import load, save
 from .analysis import analyze, check_world_size, choose_mesh, graph_and_params
 from .collectives import C10D, DEFAULT_GROUP
+from .consistency import check_ranks
 from .expert_parallel import ExpertScript, expert_parallel, expert_script
 from .mesh import Mesh, MeshError
 from .plan import OPTIONS, PlanError, ShardError, ShardPlan, plural
-from .sequence_parallel import sequence_parallel as _sequence_parallel
+from .shard_options import option_passes, record, set_options, tokens_of
 from .stages import PipelineStages, pipeline_stages
 from .tensor_parallel import TensorScript, tensor_parallel, tensor_script
 
@@ -134,6 +136,18 @@ class ShardedPrograms(Sequence):
     def rank_bytes(self, rank: int) -> int:
         """Bytes of the weights ``rank`` keeps (parameters, buffers, constants)."""
         return weight_bytes(self.programs[rank])
+
+    def check(self) -> list[Any]:
+        """The rank consistency faults of the programs (:func:`~.consistency.check_ranks`):
+        empty when every rank issues the same collectives in the same order."""
+        return check_ranks(self.programs, self.mesh)
+
+    def communication(self) -> Any:
+        """Each rank's collectives and bytes per layer against the strategy's minimum
+        (:func:`~.accounting.communication`)."""
+        from .accounting import communication
+
+        return communication(self)
 
     def table(self) -> Table:
         mesh = self.mesh
@@ -252,18 +266,6 @@ STRATEGIES = [
 ]
 
 
-def _option_passes(plan: ShardPlan, place: Any) -> list[Any]:
-    passes: list[Any] = []
-    if plan.options["sequence_parallel"] and plan.mesh.stage_size > 1:
-        options = {"world_size": plan.mesh.stage_size, "rank": place.local}
-        passes.append(FunctionPass(_sequence_parallel, "sequence_parallel", options=options))
-    if plan.options["fuse"] and plan.mesh.stage_size > 1:
-        # export's asserts and no-op casts sit between a residual add and its norm
-        for name in ("remove_assert_ops", "remove_noop", "fuse_allreduce_add_rmsnorm"):
-            passes.append(REGISTRY.create(name))
-    return passes
-
-
 # ----- choosing the mesh and the plan ----------------------------------------------------------
 def resolve_mesh(
     program: Any,
@@ -337,6 +339,9 @@ def shard(
     plan: ShardPlan | dict | str | Path | None = None,
     sequence_parallel: bool | None = None,
     fuse: bool | None = None,
+    bucket: int | bool | None = None,
+    async_tp: int | None = None,
+    gates: dict[str, Any] | None = None,
     group: str = DEFAULT_GROUP,
     uneven: str = "error",
     instrument: Callable[[int], Sequence[Any]] | None = None,
@@ -375,9 +380,7 @@ def shard(
         return out
     if the_plan is None:
         the_plan = analyze(program, mesh=the_mesh, uneven=uneven)
-    for key, value in (("sequence_parallel", sequence_parallel), ("fuse", fuse)):
-        if value is not None:
-            the_plan.options[key] = bool(value)
+    set_options(the_plan, sequence_parallel, fuse, bucket, async_tp, gates)
     stages = _stages(program, the_plan)
     prepared = [_prepare(p, the_plan, stages is not None) for p in stages or [program]]
     if the_mesh.pp == 1 and not the_plan.sharded and not the_plan.experts:
@@ -395,16 +398,19 @@ def shard(
             s.rewrite(prepared[place.stage][s.name], rank, the_mesh, named)
             for s in STRATEGIES
             if prepared[place.stage][s.name] is not None
-        ] + _option_passes(the_plan, place)
+        ] + option_passes(the_plan, place)
         if not passes:
             programs.append(base)
             reports.append(None)
             continue
         target = copy.deepcopy(base) if isinstance(base, fx.GraphModule) else base
         watch = list(instrument(rank)) if instrument is not None else []
-        result = apply(target, Pipeline(passes, name=f"shard rank {rank}"), instrument=watch)
+        tokens = tokens_of(base)  # the size the plan's gates are read against
+        with compile_range(tokens=tokens) if tokens else contextlib.nullcontext():
+            result = apply(target, Pipeline(passes, name=f"shard rank {rank}"), instrument=watch)
         programs.append(result.program)
         reports.append(result.report)
+    the_plan.applied = record(the_plan, reports)
     options = {**the_plan.options, "group": group}
     out = ShardedPrograms(programs, the_plan, reports, unsharded, options, stages)
     out.notes = _notes(out)

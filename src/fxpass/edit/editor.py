@@ -44,11 +44,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import fx
+from torch.fx.node import map_arg
 
 from ..fxutil.fx_internals import (
     dead_node_eraser,
     default_node_name,
     is_erased,
+    node_neighbours,
     release_name,
     rename_node,
     set_args_kwargs,
@@ -205,6 +207,12 @@ class Editor:
     def pass_name(self, name: str | None) -> None:
         self._name = name
 
+    @property
+    def journal(self) -> Any:
+        """The run's :class:`~fxpass.edit.journal.Journal` (None outside a run): each edit
+        tells it first what it will change, so that the run can undo it."""
+        return getattr(self.ctx, "journal", None)
+
     # ----- asking and telling -----------------------------------------------------------
     def allow(self) -> bool:
         """May the pass make one more change? (A debug counter may say no.)"""
@@ -308,8 +316,13 @@ class Editor:
         where = (
             graph.inserting_before(before) if before is not None else graph.inserting_after(after)
         )
+        journal = self.journal
+        if journal is not None:
+            journal.before_create(graph)
         with where:
             node = graph.create_node(op, target, tuple(args), dict(kwargs or {}), name, type_expr)
+        if journal is not None:
+            journal.made(node)
         if val is not _NO_VALUE:
             node.meta["val"] = val
         self.mark_new([node], origin, rule, inherit=inherit)
@@ -341,9 +354,14 @@ class Editor:
             if hit is None or hit[0] is not target:
                 hit = _NAMES[id(target)] = (target, default_node_name(graph, target))
             name = hit[1]
+        journal = self.journal
+        if journal is not None:
+            journal.before_create(graph)
         node = graph.create_node(op, target, (), {}, name, type_expr)
         if args or kwargs:
             set_args_kwargs(node, args if type(args) is tuple else tuple(args), kwargs or {})
+        if journal is not None:
+            journal.made(node)
         if self._open is not None:
             self._open.made.append(node)
         return node
@@ -354,7 +372,12 @@ class Editor:
         """A copy of ``node`` (its metadata too) at ``into``'s insertion point, its inputs
         mapped by ``arg_transform``: as :meth:`create`, inside a :meth:`change` or in a
         graph no run watches yet."""
+        journal = self.journal
+        if journal is not None:
+            journal.before_create(into)
         made = into.node_copy(node, arg_transform)
+        if journal is not None:
+            journal.made(made)
         if self._open is not None:
             self._open.made.append(made)
         return made
@@ -370,6 +393,10 @@ class Editor:
     ) -> None:
         """Give ``node`` new arguments (``None`` keeps the old ones); the output node's
         ``args`` are the graph's outputs."""
+        journal = self.journal
+        if journal is not None:
+            journal.before(node)
+            journal.reads(_read_by(args, kwargs))
         if args is not None:
             node.args = tuple(args)
         if kwargs is not None:
@@ -387,6 +414,10 @@ class Editor:
     ) -> None:
         """Make ``node`` call ``target`` (a placeholder: take that input name; a ``get_attr``:
         read that attribute), with new arguments where given."""
+        journal = self.journal
+        if journal is not None:
+            journal.before(node)
+            journal.reads(_read_by(args, kwargs))
         node.target = target
         if args is not None:
             node.args = tuple(args)
@@ -396,6 +427,10 @@ class Editor:
 
     def replace_input(self, node: fx.Node, old: fx.Node, new: fx.Node, *, rule: str) -> None:
         """Make ``node`` read ``new`` wherever it read ``old``."""
+        journal = self.journal
+        if journal is not None:
+            journal.before(node)
+            journal.reads([new])
         node.replace_input_with(old, new)
         self.notify("modify", rule, [node, old], [node, new])
 
@@ -413,6 +448,11 @@ class Editor:
         (by default) erase ``node`` if nothing uses it any more; the run is told once both
         are done. ``propagate_meta`` copies ``node``'s metadata onto ``new`` (torch's).
         Returns the users changed."""
+        journal = self.journal
+        if journal is not None:
+            journal.before(node)
+            journal.reads(node.users)
+            journal.reads(_read_by(new))
         if only is None:
             users = node.replace_all_uses_with(new, propagate_meta=propagate_meta)
         else:
@@ -435,6 +475,14 @@ class Editor:
         """Move ``node`` right ``before`` or ``after`` another node of its graph."""
         if (before is None) == (after is None):
             raise ValueError("Editor.move: give exactly one of before= or after=")
+        journal = self.journal
+        if journal is not None:
+            journal.before(node)
+            journal.reads(
+                [before, *node_neighbours(before)]
+                if before is not None
+                else [after, *node_neighbours(after)]
+            )
         if before is not None:
             before.prepend(node)
         else:
@@ -444,6 +492,9 @@ class Editor:
     def rename(self, node: fx.Node, name: str, *, rule: str) -> None:
         """Give ``node`` the name ``name``, which no node of its graph holds now (an erased
         node's name is released first)."""
+        journal = self.journal
+        if journal is not None:
+            journal.before(node)
         release_name(node.graph, name)
         rename_node(node, name)
         self.notify("modify", rule, [node], [node])
@@ -451,6 +502,9 @@ class Editor:
     # ----- erasing ----------------------------------------------------------------------
     def erase(self, node: fx.Node, rule: str, *, location: str | None = None) -> None:
         """Erase a node that has no users."""
+        journal = self.journal
+        if journal is not None:
+            journal.before(node)
         self.notify("erase", rule, [node], (), location)
         node.graph.erase_node(node)
 
@@ -467,6 +521,9 @@ class Editor:
         if not dead:
             return []
         out = list(dead)
+        journal = self.journal
+        if journal is not None:
+            journal.before(*out)
         self.notify("erase", rule, out, (), location)
         erasers: dict[fx.Graph, Any] = {}
         for n in out:
@@ -475,6 +532,13 @@ class Editor:
                 erasers[graph] = dead_node_eraser(graph) or graph.erase_node
             erasers[graph](n)
         return out
+
+
+def _read_by(args: Any, kwargs: Any = None) -> list[fx.Node]:
+    """The nodes in arguments."""
+    out: list[fx.Node] = []
+    map_arg((args, kwargs), out.append)
+    return out
 
 
 _NAMES: dict[int, tuple[Any, str]] = {}  # id(target) -> (target, the node name torch gives it)

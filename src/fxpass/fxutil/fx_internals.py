@@ -39,6 +39,13 @@ __all__ = [
     "default_node_name",
     "empty_graph_like",
     "graph_end",
+    "graph_header",
+    "lint_nodes",
+    "node_neighbours",
+    "node_state",
+    "relinked",
+    "restore_graph_header",
+    "restore_node_states",
     "graph_stamp",
     "graph_structure",
     "input_nodes",
@@ -67,6 +74,7 @@ __all__ = [
     "sort_key",
     "use_codegen",
     "use_plain_codegen",
+    "without_user",
 ]
 
 _set = object.__setattr__
@@ -465,3 +473,133 @@ def _restore_node(
     _set(n, "meta", meta)
     meta.clear()
     meta.update(saved)
+
+
+# ----- per-node state, for the editor's journal (edit/journal.py) --------------------------
+def node_state(n: fx.Node) -> tuple:
+    """Everything of one node a pass can change, for :func:`restore_node_states`."""
+    return (
+        n.name, n.op, n.target, n.type, n._args, n._kwargs, dict(n._input_nodes),
+        dict(n.users), n.meta, dict(n.meta), n._sort_key, n._repr_fn, n._prev, n._next,
+    )  # fmt: skip
+
+
+def node_neighbours(n: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """The nodes before and after ``n`` in its graph's list (the end sentinel at the ends)."""
+    return n._prev, n._next
+
+
+def without_user(state: tuple, user: fx.Node) -> tuple:
+    """A :func:`node_state` as it was before ``user`` became the node's last user."""
+    users = dict(state[7])
+    users.pop(user, None)
+    return (*state[:7], users, *state[8:])
+
+
+def relinked(state: tuple, *, before: Any = None, after: Any = None) -> tuple:
+    """A :func:`node_state` with its link before (or after) it replaced."""
+    prev = state[12] if before is None else before
+    nxt = state[13] if after is None else after
+    return (*state[:12], prev, nxt)
+
+
+def graph_header(graph: fx.Graph) -> tuple:
+    """A graph's own state besides its nodes (namespace, length, insertion point, code)."""
+    ns = graph._graph_namespace
+    return (
+        (dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count)),
+        graph._len,
+        graph._insert,
+        graph._codegen,
+        dict(getattr(graph, "_co_fields", {})),
+    )
+
+
+def restore_graph_header(graph: fx.Graph, header: tuple) -> None:
+    (names, used, base), graph._len, graph._insert, graph._codegen, co_fields = header
+    ns = graph._graph_namespace
+    ns._obj_to_name, ns._used_names, ns._base_count = dict(names), set(used), dict(base)
+    graph._co_fields = dict(co_fields)
+
+
+def restore_node_states(graph: fx.Graph, states: dict, made: list[fx.Node]) -> None:
+    """Write saved :func:`node_state` s back into the very same nodes; nodes ``made`` since
+    fall out of the graph's lookup table (the restored links no longer reach them)."""
+    table = graph._find_nodes_lookup_table
+    for n in made:
+        if n in table:
+            table.remove(n)
+    for n in states:
+        if n is not graph._root and n in table:
+            table.remove(n)
+    for n, (name, op, target, typ, args, kwargs, inputs, users, meta, saved, key, repr_fn,
+            prev, nxt) in states.items():  # fmt: skip
+        for attr, value in (
+            ("name", name), ("op", op), ("target", target), ("type", typ), ("_args", args),
+            ("_kwargs", kwargs), ("_input_nodes", inputs), ("users", users), ("meta", meta),
+            ("_sort_key", key), ("_repr_fn", repr_fn), ("_prev", prev), ("_next", nxt),
+            ("_erased", False), ("graph", graph),
+        ):  # fmt: skip
+            _set(n, attr, value)
+        meta.clear()
+        meta.update(saved)
+    for n in states:
+        if n is not graph._root:
+            table.insert(n)
+
+
+def lint_nodes(graph: fx.Graph, nodes: Iterator[fx.Node]) -> None:
+    """``graph.lint()`` over ``nodes`` (alive ones) only: opcode, owner, lookup table,
+    links, arguments of this graph defined before the node and users after it, users
+    agreeing with arguments, names as the namespace has them, targets present in the owning
+    module."""
+    from torch.fx.graph import _legal_ops
+
+    table, root = graph._find_nodes_lookup_table, graph._root
+    names = graph._graph_namespace._obj_to_name
+    owner = graph.owning_module
+    for n in nodes:
+        if n is root or n._erased:
+            continue
+        if n.op not in _legal_ops:
+            raise RuntimeError(f"Node {n} had unknown opcode {n.op}!")
+        if n.graph is not graph:
+            raise RuntimeError(f"Node '{n}' does not belong to this Graph!")
+        if n not in table:
+            raise RuntimeError(f"Node '{n}' is not added to the side table")
+        if n._prev._next is not n or n._next._prev is not n:
+            raise RuntimeError(f"Node '{n}' is not linked into the graph's list")
+        if names.get(n, n.name) != n.name:
+            raise RuntimeError(f"Node {n} is named {n.name!r} outside the graph's namespace")
+        for arg in n._input_nodes:
+            if arg.graph is not graph or arg._erased:
+                raise RuntimeError(
+                    f"Argument '{arg}' of Node '{n}' does not belong to this Graph, but was "
+                    "used as an argument"
+                )
+            if arg._sort_key >= n._sort_key:
+                raise RuntimeError(
+                    f"Argument '{arg}' of Node '{n}' was used before it has been defined! "
+                    "Please check that Nodes in the graph are topologically ordered"
+                )
+            if n not in arg.users:
+                raise RuntimeError(f"Node '{n}' reads '{arg}' but is not among its users")
+        for user in n.users:
+            if n not in user._input_nodes or user._erased:
+                raise RuntimeError(f"'{user}' is a user of Node '{n}' but does not read it")
+            if user._sort_key <= n._sort_key:
+                raise RuntimeError(
+                    f"Argument '{n}' of Node '{user}' was used before it has been defined! "
+                    "Please check that Nodes in the graph are topologically ordered"
+                )
+        if owner is not None:
+            if n.op == "call_function" and not callable(n.target):
+                raise ValueError(f"Node {n} target {n.target} is not callable")
+            if n.op in ("get_attr", "call_module"):
+                m = owner
+                for atom in n.target.split("."):
+                    m = getattr(m, atom, None)
+                    if m is None:
+                        raise RuntimeError(
+                            f"Node {n} target {n.target} references a nonexistent attribute"
+                        )

@@ -63,45 +63,49 @@ _SLICES = frozenset(["slice", "narrow", "select"])  # (x, dim, ...): rows when d
 _ROW_KEEPERS = _RESHAPES | _IDENTITIES | _EXPANDS | _PERMUTES | _TRANSPOSES | _SLICES
 
 
+def _op(base: str, overload: str) -> Any:
+    """``aten.<base>.<overload>``, or None where torch has no such op."""
+    packet = getattr(aten, base, None) if base.isidentifier() else None
+    return getattr(packet, overload or "default", None) if packet is not None else None
+
+
 @functools.cache
-def _table() -> dict[Any, Any]:
-    """view op <-> copy variant, both directions, for every registered ATen pair."""
-    names = set(torch._C._dispatch_get_all_op_names())
-    pairs: dict[Any, Any] = {}
-    for name in names:
-        namespace, rest = name.split("::", 1)
-        base, _, overload = rest.partition(".")
-        if namespace != "aten" or not base.endswith("_copy"):
-            continue
-        view_name = f"aten::{base[:-5]}" + (f".{overload}" if overload else "")
-        if view_name not in names:
-            continue
-        view = getattr(getattr(aten, base[:-5]), overload or "default")
-        schema = view._schema
-        aliases = any(
-            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
-        )
-        if not aliases and not any(a.alias_info is not None for a in schema.arguments):
-            continue  # not a view (e.g. index vs index_copy)
-        copy = getattr(getattr(aten, base), overload or "default")
-        pairs[copy] = view
-        pairs[view] = copy
-    return pairs
+def _pair(op: Any) -> Any:
+    """The other half of ``op``'s view/copy pair (``aten::X.o`` returning an alias of its
+    input, ``aten::X_copy.o``), or None. Looked up per op, when first asked: building the
+    whole table from every registered op name cost every process a first-use tax."""
+    schema = getattr(op, "_schema", None)
+    if schema is None or not schema.name.startswith("aten::"):
+        return None
+    base, overload = schema.name[len("aten::") :], schema.overload_name
+    view_base = base[: -len("_copy")] if base.endswith("_copy") else base
+    view, copy = _op(view_base, overload), _op(view_base + "_copy", overload)
+    if view is None or copy is None:
+        return None
+    returns = view._schema.returns
+    aliases = any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    if not aliases and not any(a.alias_info is not None for a in view._schema.arguments):
+        return None  # not a view (e.g. index vs index_copy)
+    return copy if op is view else view if op is copy else None
 
 
 def copy_variant(op: Any) -> Any:
     """The ``*_copy`` variant of the ATen view op ``op`` (of an Edge op: its ATen op's), or
     None when it has none."""
     op = aten_op(op)
-    found = _table().get(op)
+    found = _pair(op) if _hashable(op) else None
     return found if found is not None and found._schema.name.endswith("_copy") else None
 
 
 def view_variant(op: Any) -> Any:
     """The ATen view op whose ``*_copy`` variant ``op`` is (Edge ops too), or None."""
     op = aten_op(op)
-    found = _table().get(op)
+    found = _pair(op) if _hashable(op) else None
     return found if found is not None and not found._schema.name.endswith("_copy") else None
+
+
+def _hashable(op: Any) -> bool:
+    return isinstance(op, torch._ops.OpOverload)
 
 
 def view_base_name(node: fx.Node) -> str | None:

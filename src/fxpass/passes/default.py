@@ -21,7 +21,15 @@ particular runtime, and an ExportedProgram must stay functional.
 from __future__ import annotations
 
 from ..core.pass_registry import REGISTRY
-from . import cleanup, fusion  # noqa: F401  (the passes the list names register on import)
+from .cleanup import (  # noqa: F401  (the passes the list names register on import)
+    cse,
+    dce,
+    erase_copy,
+    remove_assert_ops,
+    remove_detach,
+    remove_noop,
+)
+from .fusion import fuse_add_rmsnorm, fuse_add_rmsnorm_quant, fuse_rmsnorm  # noqa: F401
 
 DEFAULT_PASSES: list[str] = [
     "remove_assert_ops",

@@ -331,6 +331,7 @@ class RuleSet(Pass):
     Earlier rules win where several match at the same node.
     """
 
+    edits = "editor"  # the rewriter edits through the editor only
     statistics = {
         "rewrites": "rewrites made",
         "<rule>.tried": "nodes each rule was tried at",

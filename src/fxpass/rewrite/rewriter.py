@@ -22,9 +22,10 @@ from torch.fx.node import map_aggregate
 from torch.fx.proxy import GraphAppendingTracer
 
 from ..core.errors import FxpassError
+from ..edit.dialect_writer import Spelling
 from ..edit.editor import Change, Editor
 from ..edit.location import short
-from ..fxutil.dialect import edge_call, graph_is_edge, uses_dim_order
+from ..fxutil.dialect import graph_is_edge
 from ..fxutil.fx_internals import is_erased, nodes_between
 from .constraint import value_of
 from .match import RuleStats
@@ -168,7 +169,7 @@ class Rewriter:
         self.ctx = self.editor.ctx
         self.pass_name = self.editor.pass_name
         self._order: TopoOrder | None = None
-        self._dim_order: bool | None = None
+        self._spelling: Spelling | None = None
         self._tracer = _Tracer(self.graph, self.editor)
         self.meta = MetaPropagator()
         self.rewrites = 0
@@ -182,11 +183,11 @@ class Rewriter:
             self._order = TopoOrder(self.graph)
         return self._order
 
-    def dim_order(self) -> bool:
-        """Whether this (Edge) graph spells casts and clones with dim-order ops."""
-        if self._dim_order is None:
-            self._dim_order = uses_dim_order(self.graph.nodes)
-        return self._dim_order
+    def spelling(self) -> Spelling:
+        """How this (Edge) graph's new nodes call ops (read once, at its first Edge match)."""
+        if self._spelling is None:
+            self._spelling = Spelling(self.graph, edge=True)
+        return self._spelling
 
     # ----- applying a match ---------------------------------------------------------------
     def apply(self, match: Match, stats: RuleStats | None = None) -> bool:
@@ -226,7 +227,7 @@ class Rewriter:
             change.cancel()
             return None
         if graph_is_edge(match.nodes):
-            _to_edge(new, self.dim_order(), editor, rule.name)  # an Edge graph gets Edge ops
+            self.spelling().respell(new, editor, rule.name)  # an Edge graph gets Edge ops
         donors = {v: o for o, v in zip(outputs, values) if v in new}
         self.meta.values(new, donors, match.root)
         if match.chains:
@@ -422,18 +423,3 @@ def _with_dropped_users(nodes: list[Node], drop: frozenset) -> list[Node]:
 def _shape(node: Node) -> Any:
     val = value_of(node)
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
-
-
-def _to_edge(nodes: Iterable[Node], dim_order: bool, editor: Editor, rule: str) -> None:
-    """Call the Edge spelling of each op among ``nodes``: ATen ops become Edge ops (casts and
-    clones ExecuTorch's dim-order ops where the graph uses them), and a fused op wears the
-    Edge wrapper of the same ``torch.ops.fxpass`` op (ExecuTorch's Edge verifier asks every
-    op to be an Edge op)."""
-    for n in nodes:
-        if n.op == "call_function" and isinstance(n.target, _OpOverload):
-            try:
-                target, _, kwargs = edge_call(n.target, n.args, n.kwargs, dim_order=dim_order)
-            except AttributeError:  # no Edge spelling: leave it, ExecuTorch's verifier says so
-                continue
-            changed = kwargs if kwargs is not n.kwargs else None
-            editor.set_target(n, target, kwargs=changed, rule=rule)

@@ -54,6 +54,7 @@ from torch.fx.node import map_aggregate
 from ..core.errors import FxpassError
 from ..edit.editor import Editor
 from ..edit.location import caller_location
+from ..fxutil.graph_forms import spelled
 from ..fxutil.paths import find_path
 from .leaves import Const, Pattern, Var
 from .pattern import P
@@ -61,7 +62,8 @@ from .rule import Rule
 
 __all__ = ["IRS", "Replacement", "TraceError", "pattern_from_graph", "trace", "traced_rule"]
 
-IRS = ("aten", "export", "aot", "dynamo", "fx")
+#: the graph forms (:mod:`fxpass.fxutil.graph_forms`) a function can be traced into
+IRS = tuple(spelled({f: f for f in ("aten", "export", "aot", "dynamo", "fx")}))
 
 _sentinel_counter = itertools.count()
 

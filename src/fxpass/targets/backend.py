@@ -55,6 +55,7 @@ from ..core.cache import metadata_only
 from ..core.pipeline import Pipeline, resolve_pipeline
 from ..core.ranges import Ranges, compile_range
 from ..core.report import Report
+from ..fxutil.graph_forms import spelled
 from .dispatch import CompileRanges, RangeDispatch, compile_ranges, plan_ranges
 from .hooks import INDUCTOR_HOOKS, PipelinesConfigError, Placement, pipelines_from_env, placements
 from .inductor_cache import InductorReports
@@ -63,7 +64,10 @@ from .runner import Runner
 
 __all__ = ["FxpassBackend", "backend", "fxpass_backend"]
 
-IRS = ("aten", "dynamo")
+#: ``ir``: the graph form the passes see (:mod:`fxpass.fxutil.graph_forms`); ``"aten"`` is
+#: the ``aot`` form, AOTAutograd's ATen graphs
+IR_FORMS = spelled({"aten": "aot", "dynamo": "dynamo"})
+IRS = tuple(IR_FORMS)
 COMPILERS = ("inductor", "eager")
 _OWN_OPTIONS = (
     "pipeline", "pipelines", "ir", "compiler", "split_at", "hook", "ranges", "dims", "cache",

@@ -31,6 +31,7 @@ import torch
 from torch import fx
 
 from ..fxutil.files import write_atomic
+from ..fxutil.graph_forms import GraphForm, spelled
 from .compare import Comparison, compare_outputs, run_graph_promoted
 from .inputs import program_inputs
 from .invariants import keeps_metadata
@@ -39,6 +40,7 @@ from .numerics import run_graph
 
 __all__ = [
     "CAPTURES",
+    "CAPTURE_FORMS",
     "Captured",
     "PassCheck",
     "capture",
@@ -47,7 +49,12 @@ __all__ = [
     "op_counts",
 ]
 
-CAPTURES = ("export", "export_ir", "aot", "dynamo", "trace")
+#: ``capture(how=)``'s names for the graph forms (:mod:`fxpass.fxutil.graph_forms`) it makes:
+#: ``export`` is the core-ATen form ``aten``, ``export_ir`` the undecomposed ``export``
+CAPTURE_FORMS = spelled(
+    {"export": "aten", "export_ir": "export", "aot": "aot", "dynamo": "dynamo", "trace": "fx"}
+)
+CAPTURES = tuple(CAPTURE_FORMS)
 UPDATE_ENV = "FXPASS_UPDATE_SNAPSHOTS"
 
 
@@ -59,6 +66,11 @@ class Captured:
     inputs: list[Any]
     how: str
     program: torch.export.ExportedProgram | None = None
+
+    @property
+    def form(self) -> GraphForm:
+        """The graph form captured (``how`` is :func:`capture`'s name for it)."""
+        return CAPTURE_FORMS[self.how]
 
 
 def capture(model: torch.nn.Module, example_inputs: Sequence[Any], how: str = "export") -> Captured:

@@ -15,7 +15,12 @@ same checks and raise the same errors. Underneath, the passes run as one fxpass
 
 ExecuTorch's run policy — checks after every pass when asked, failures raised or suppressed,
 a round limit that is not an error — is torch's: both run their rounds as
-:func:`fxpass.compat._policy.manager_rounds` and fail with the same error.
+:func:`fxpass.compat._policy.manager_rounds` and fail with the same error. Both run them
+through fxpass's one Runner (:func:`fxpass.compat._policy.run_managed`): reports labelled
+``door=executorch``, ``TORCH_TRACE`` artifacts, and for ``PassManager`` a pipeline cache
+(``cache=``). ``ExportedProgramPassManager`` takes no cache: its passes change what the
+graph does not hold (the signature, state dict and constants), which a cached graph
+cannot bring back.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from ...core.errors import PassFailedError
 from ...fxutil.fx_internals import make_lazy
 from .._pass_infra import PassManager as _TorchPassManager
 from .._pass_infra import pass_result_wrapper
-from .._policy import manager_rounds, pass_manager_error, pass_name
+from .._policy import manager_rounds, pass_manager_error, pass_name, run_managed
 from ._checked import checked, program_state, remember_checked
 from ._pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
@@ -70,7 +75,11 @@ class PassManager(_TorchPassManager):
         run_checks_after_each_pass: run :meth:`check` after every pass.
         suppress_check_failures: warn about failing checks instead of raising.
         steps: the most rounds; a round that changes nothing ends the run.
+        cache: a folder (or :class:`~fxpass.core.cache.PipelineCache`) that keeps the
+            results of runs (fxpass's; ExecuTorch's manager has none).
     """
+
+    door = "executorch"
 
     def __init__(
         self,
@@ -78,6 +87,8 @@ class PassManager(_TorchPassManager):
         run_checks_after_each_pass: bool = False,
         suppress_check_failures: bool = False,
         steps: int = 1,
+        *,
+        cache: Any = None,
     ) -> None:
         flattened = [pass_result_wrapper(fn) for fn in pytree.tree_flatten(passes or [])[0]]
         super().__init__(
@@ -85,6 +96,7 @@ class PassManager(_TorchPassManager):
             run_checks_after_each_pass=run_checks_after_each_pass,
             suppress_check_failures=suppress_check_failures,
             steps=steps,
+            cache=cache,
         )
 
     def __call__(self, module: torch.nn.Module) -> Any:  # type: ignore[override]
@@ -169,6 +181,8 @@ class ExportedProgramPassManager(_TorchPassManager):
     returns an :class:`ExportedProgramPassResult` with a shallow copy of the program.
     """
 
+    door = "executorch"
+
     def __init__(
         self,
         passes: list[Any] | None = None,
@@ -219,7 +233,7 @@ class ExportedProgramPassManager(_TorchPassManager):
         )
         try:
             with detached():  # a run of its own, also when a pass calls the manager
-                result = rounds.run(exported_program.graph_module)
+                result = run_managed(rounds, exported_program.graph_module, door=self.door)
         except PassFailedError as e:
             run.restore()
             names = [pass_name(p) for p in self.passes]

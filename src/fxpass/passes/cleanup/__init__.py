@@ -1,10 +1,1 @@
-"""fxpass's cleanup passes; importing this package registers them."""
-
-from . import (  # noqa: F401
-    cse,
-    dce,
-    erase_copy,
-    remove_assert_ops,
-    remove_detach,
-    remove_noop,
-)
+"""fxpass's cleanup passes, one per module (``fxpass.passes`` imports them all)."""

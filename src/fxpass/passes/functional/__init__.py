@@ -1,3 +1,1 @@
-"""fxpass's functional passes; importing this package registers them."""
-
-from . import fix_functionalization  # noqa: F401
+"""fxpass's functional passes, one per module (``fxpass.passes`` imports them all)."""

@@ -57,6 +57,7 @@ RULES = RuleSet(
         "add_rms_norm.matched": "add + norm sites found",
     },
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
+    edits="editor",
 )
 def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
     """Fuse a residual add and the RMSNorm it feeds into

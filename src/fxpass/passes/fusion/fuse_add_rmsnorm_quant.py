@@ -103,6 +103,7 @@ RULES = RuleSet(
         "quant_after_fused_add_rms_norm.matched": "sites already fused by fuse_add_rmsnorm",
     },
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
+    edits="editor",
 )
 def fuse_add_rmsnorm_quant(gm: fx.GraphModule) -> bool:
     """Fuse residual add + RMSNorm + static per-tensor int8 quantization (SGLang's W8A8

@@ -45,6 +45,7 @@ RULES = RuleSet(
         "rms_norm.matched": "norms found",
     },
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
+    edits="editor",
 )
 def fuse_rmsnorm(gm: fx.GraphModule) -> bool:
     """Fuse each RMSNorm — in any spelling of Llama, Mistral, Qwen2/3, Phi-3 or Gemma, with

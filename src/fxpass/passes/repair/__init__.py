@@ -1,3 +1,1 @@
-"""fxpass's repair passes; importing this package registers them."""
-
-from . import inplace_to_functional, repair_input_as_output, scalar_to_tensor  # noqa: F401
+"""fxpass's repair passes, one per module (``fxpass.passes`` imports them all)."""
