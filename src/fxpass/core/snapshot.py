@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..fxutil.fx_internals import GraphState, bind_owner, graph_structure, module_tables, own_graph
+from ..fxutil.fx_internals import bind_owner, graph_structure, module_tables, own_graph
+from ..fxutil.fx_state import GraphState
 
 __all__ = ["GraphSnapshot", "fingerprint"]
 

@@ -50,12 +50,12 @@ from ..fxutil.fx_internals import (
     dead_node_eraser,
     default_node_name,
     is_erased,
-    node_neighbours,
     release_name,
     rename_node,
     set_args_kwargs,
     sort_key,
 )
+from ..fxutil.fx_state import node_neighbours
 from .location import caller_location, file_line
 from .provenance import COPIED_META, node_sources, provenance_record
 

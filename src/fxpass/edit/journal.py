@@ -31,11 +31,9 @@ from typing import Any
 
 from torch import fx
 
-from ..fxutil.fx_internals import (
-    graph_end,
+from ..fxutil.fx_internals import graph_end, input_nodes, is_erased
+from ..fxutil.fx_state import (
     graph_header,
-    input_nodes,
-    is_erased,
     node_neighbours,
     node_state,
     relinked,

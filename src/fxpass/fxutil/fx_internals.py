@@ -4,7 +4,9 @@ torch.fx keeps state that its public API does not expose or exposes only at a co
 (``Node.args`` copies nothing but ``Node.__setattr__`` re-indexes, ``Graph.erase_node``
 checks what fxpass already knows). fxpass reads and writes that state for speed and for
 exact rollback; doing it only here means a torch upgrade that renames an internal breaks
-one file, and the functions below say what each internal is for.
+one file, and the functions below say what each internal is for. Saving and restoring a
+graph's state for exact rollback, which reads the same internals, is the concept of its own
+beside this one: ``fx_state.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ __all__ = [
     "ARGS_ATTR",
     "new_namespace",
     "KWARGS_ATTR",
-    "GraphState",
     "bind_owner",
     "codegen_of",
     "copy_code_fields",
@@ -39,13 +40,7 @@ __all__ = [
     "default_node_name",
     "empty_graph_like",
     "graph_end",
-    "graph_header",
     "lint_nodes",
-    "node_neighbours",
-    "node_state",
-    "relinked",
-    "restore_graph_header",
-    "restore_node_states",
     "graph_stamp",
     "graph_structure",
     "input_nodes",
@@ -74,7 +69,6 @@ __all__ = [
     "sort_key",
     "use_codegen",
     "use_plain_codegen",
-    "without_user",
 ]
 
 _set = object.__setattr__
@@ -394,158 +388,6 @@ def dead_node_eraser(graph: fx.Graph) -> Callable[[fx.Node], None] | None:
         n._update_args_kwargs(map_arg(n._args, _none), map_arg(kwargs, _none) if kwargs else {})
 
     return erase
-
-
-class GraphState:
-    """Everything of a graph and its nodes that a pass can change, restorable into the very
-    same objects: nodes a pass created fall out of the list, nodes it erased are re-linked."""
-
-    __slots__ = ("co_fields", "codegen", "graph", "insert", "length", "namespace", "nodes")
-
-    def __init__(self, graph: fx.Graph) -> None:
-        self.graph = graph
-        self.nodes = [
-            (
-                n,
-                n.name,
-                n.op,
-                n.target,
-                n.type,
-                n._args,
-                n._kwargs,
-                dict(n._input_nodes),
-                dict(n.users),
-                n.meta,
-                dict(n.meta),
-                n._sort_key,
-                n._repr_fn,
-            )
-            for n in graph.nodes
-        ]
-        ns = graph._graph_namespace
-        self.namespace = (dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count))
-        self.length = graph._len
-        self.insert = graph._insert
-        self.codegen = graph._codegen
-        self.co_fields = dict(getattr(graph, "_co_fields", {}))
-
-    def restore(self) -> None:
-        graph = self.graph
-        root = graph._root
-        table = _FindNodesLookupTable()
-        prev = root
-        for n, *state in self.nodes:
-            _restore_node(n, prev, graph, *state)
-            table.insert(n)
-            prev = n
-        _set(prev, "_next", root)
-        _set(root, "_prev", prev)
-        ns = graph._graph_namespace
-        ns._obj_to_name, ns._used_names, ns._base_count = (
-            dict(self.namespace[0]),
-            set(self.namespace[1]),
-            dict(self.namespace[2]),
-        )
-        graph._len = self.length
-        graph._insert = self.insert
-        graph._codegen = self.codegen
-        graph._co_fields = dict(self.co_fields)
-        graph._find_nodes_lookup_table = table
-
-
-def _restore_node(
-    n, prev, graph, name, op, target, typ, args, kwargs, inputs, users, meta, saved, key, repr_fn
-) -> None:
-    _set(n, "_prev", prev)
-    _set(prev, "_next", n)
-    _set(n, "name", name)
-    _set(n, "op", op)
-    _set(n, "target", target)
-    _set(n, "type", typ)
-    _set(n, "_args", args)
-    _set(n, "_kwargs", kwargs)
-    _set(n, "_input_nodes", inputs)
-    _set(n, "users", users)
-    _set(n, "_sort_key", key)
-    _set(n, "_repr_fn", repr_fn)
-    _set(n, "_erased", False)
-    _set(n, "graph", graph)
-    _set(n, "meta", meta)
-    meta.clear()
-    meta.update(saved)
-
-
-# ----- per-node state, for the editor's journal (edit/journal.py) --------------------------
-def node_state(n: fx.Node) -> tuple:
-    """Everything of one node a pass can change, for :func:`restore_node_states`."""
-    return (
-        n.name, n.op, n.target, n.type, n._args, n._kwargs, dict(n._input_nodes),
-        dict(n.users), n.meta, dict(n.meta), n._sort_key, n._repr_fn, n._prev, n._next,
-    )  # fmt: skip
-
-
-def node_neighbours(n: fx.Node) -> tuple[fx.Node, fx.Node]:
-    """The nodes before and after ``n`` in its graph's list (the end sentinel at the ends)."""
-    return n._prev, n._next
-
-
-def without_user(state: tuple, user: fx.Node) -> tuple:
-    """A :func:`node_state` as it was before ``user`` became the node's last user."""
-    users = dict(state[7])
-    users.pop(user, None)
-    return (*state[:7], users, *state[8:])
-
-
-def relinked(state: tuple, *, before: Any = None, after: Any = None) -> tuple:
-    """A :func:`node_state` with its link before (or after) it replaced."""
-    prev = state[12] if before is None else before
-    nxt = state[13] if after is None else after
-    return (*state[:12], prev, nxt)
-
-
-def graph_header(graph: fx.Graph) -> tuple:
-    """A graph's own state besides its nodes (namespace, length, insertion point, code)."""
-    ns = graph._graph_namespace
-    return (
-        (dict(ns._obj_to_name), set(ns._used_names), dict(ns._base_count)),
-        graph._len,
-        graph._insert,
-        graph._codegen,
-        dict(getattr(graph, "_co_fields", {})),
-    )
-
-
-def restore_graph_header(graph: fx.Graph, header: tuple) -> None:
-    (names, used, base), graph._len, graph._insert, graph._codegen, co_fields = header
-    ns = graph._graph_namespace
-    ns._obj_to_name, ns._used_names, ns._base_count = dict(names), set(used), dict(base)
-    graph._co_fields = dict(co_fields)
-
-
-def restore_node_states(graph: fx.Graph, states: dict, made: list[fx.Node]) -> None:
-    """Write saved :func:`node_state` s back into the very same nodes; nodes ``made`` since
-    fall out of the graph's lookup table (the restored links no longer reach them)."""
-    table = graph._find_nodes_lookup_table
-    for n in made:
-        if n in table:
-            table.remove(n)
-    for n in states:
-        if n is not graph._root and n in table:
-            table.remove(n)
-    for n, (name, op, target, typ, args, kwargs, inputs, users, meta, saved, key, repr_fn,
-            prev, nxt) in states.items():  # fmt: skip
-        for attr, value in (
-            ("name", name), ("op", op), ("target", target), ("type", typ), ("_args", args),
-            ("_kwargs", kwargs), ("_input_nodes", inputs), ("users", users), ("meta", meta),
-            ("_sort_key", key), ("_repr_fn", repr_fn), ("_prev", prev), ("_next", nxt),
-            ("_erased", False), ("graph", graph),
-        ):  # fmt: skip
-            _set(n, attr, value)
-        meta.clear()
-        meta.update(saved)
-    for n in states:
-        if n is not graph._root:
-            table.insert(n)
 
 
 def lint_nodes(graph: fx.Graph, nodes: Iterator[fx.Node]) -> None:
