@@ -94,3 +94,19 @@ def to_inductor_dialect(gm):
             n.args, n.kwargs = (n.args[0], n.kwargs["dtype"]), {}
     gm.recompile()
     return gm
+
+
+def noop_returning_none(gm):
+    """A no-op pass: looks at every node, changes nothing, does not say so (the pipeline
+    detects it)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is None:  # never true
+            return True
+    return None
+
+
+def noop_returning_false(gm):
+    """A no-op pass that says it changed nothing."""
+    for _ in gm.graph.nodes:
+        pass
+    return False

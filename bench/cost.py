@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from _common import exported_decoder, parser
+from _common import exported_decoder, noop_returning_false, noop_returning_none, parser
 
 import fxpass as fp
 
@@ -186,25 +186,13 @@ def row_a(table: Table, layers: int, repeat: int, tmp: Path) -> None:
 
 
 # ----- (b) no-op passes ---------------------------------------------------------------------
-def _noop_returning_none(gm):
-    """Looks at every node, changes nothing, does not say so (the pipeline detects it)."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is None:  # never true
-            return True
-    return None
-
-
-def _noop_returning_false(gm):
-    for _ in gm.graph.nodes:
-        pass
-    return False
 
 
 def row_b(table: Table, layers: int, repeat: int, passes: int = 20) -> None:
     ep, _, _ = exported_decoder(layers)
     gm = copy.deepcopy(ep.graph_module)
     nodes = len(gm.graph.nodes)
-    noops = [_noop_returning_none if i % 2 else _noop_returning_false for i in range(passes)]
+    noops = [noop_returning_none if i % 2 else noop_returning_false for i in range(passes)]
     pipe = fp.Pipeline(noops)  # the defaults users get: lint and checks on
     assert not pipe.run(gm).modified
     recompile, through, loop = [], [], []

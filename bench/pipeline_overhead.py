@@ -31,27 +31,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from _common import exported_decoder, parser, timeit
+from _common import (
+    exported_decoder,
+    noop_returning_false,
+    noop_returning_none,
+    parser,
+    timeit,
+)
 from torch import fx
 
 import fxpass as fp
 
 TARGET = 0.6
 EAGER_GENERATIONS = 3  # per apply before lazy code: working copy, end of the run, program
-
-
-def _noop_returning_none(gm):
-    """Looks at every node, changes nothing, does not say so (the pipeline detects it)."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is None:  # never true
-            return True
-    return None
-
-
-def _noop_returning_false(gm):
-    for _ in gm.graph.nodes:
-        pass
-    return False
 
 
 @contextlib.contextmanager
@@ -113,7 +105,7 @@ def main(argv=None) -> int:
     ep, _, inputs = exported_decoder(layers)
     gm = copy.deepcopy(ep.graph_module)
     nodes = len(gm.graph.nodes)
-    passes = [_noop_returning_none if i % 2 else _noop_returning_false for i in range(20)]
+    passes = [noop_returning_none if i % 2 else noop_returning_false for i in range(20)]
     pipe = fp.Pipeline(passes, run_checks_after_each_pass=False)
 
     t_recompile = timeit(gm.recompile, repeat=args.repeat)

@@ -59,3 +59,14 @@ def lifted_inputs(ep: torch.export.ExportedProgram) -> list[torch.Tensor]:
 def count(gm: torch.fx.GraphModule, target) -> int:
     """How many call_function nodes call ``target``."""
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
+
+
+class LinearRelu(torch.nn.Module):
+    """The smallest model with a weight, a call and a scalar: ``relu(linear(x)) * 2`` on (2, 4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) * 2

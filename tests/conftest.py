@@ -22,6 +22,32 @@ os.environ.setdefault("FXPASS_VERIFY_EACH", "full")
 
 import _models
 
+#: fixtures that cost minutes to build (gloo worlds, the vLLM environment and its runs, a
+#: fresh venv): every test using one runs on the same xdist worker, so it is built once per
+#: session instead of once per worker (pyproject's ``--dist loadgroup``); the other worker
+#: goes on with the rest of the suite meanwhile.
+SHARED_FIXTURE_GROUPS = {
+    "world2": "gloo-world2",
+    "world4": "gloo-world4",
+    "vllm_runs": "vllm",
+    "engine_runs": "vllm",
+    "torch_only_python": "torch-only-venv",
+}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        groups = {SHARED_FIXTURE_GROUPS[f] for f in item.fixturenames if f in SHARED_FIXTURE_GROUPS}
+        params = getattr(item, "callspec", None)
+        for value in params.params.values() if params else ():
+            if isinstance(value, str) and value in SHARED_FIXTURE_GROUPS:  # getfixturevalue
+                groups.add(SHARED_FIXTURE_GROUPS[value])
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses fixtures of two xdist groups: {groups}")
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
+
+
 ARTIFACTS = Path(
     os.environ.get("FXPASS_TEST_ARTIFACTS", Path(__file__).parent.parent / "test-artifacts")
 )

@@ -4,8 +4,6 @@ labelled with where it ran."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ from fxpass.compat import fx as torch_compat
 from fxpass.compat import sglang
 
 from _models import ASSERT, exported, exported_gm
+from _traces import fxpass_artifacts
 
 CALLS: list[str] = []
 
@@ -32,27 +31,10 @@ class DropAsserts:
         drop_asserts(gm)
 
 
-class _Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.names: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        meta = getattr(record, "metadata", {}).get("artifact")
-        if meta is not None and meta["name"].startswith("fxpass_"):
-            self.names.append(meta["name"])
-
-
 @pytest.fixture
 def trace_log():
-    from torch._logging._internal import trace_log
-
-    handler = _Capture()
-    trace_log.addHandler(handler)
-    try:
+    with fxpass_artifacts() as handler:
         yield handler
-    finally:
-        trace_log.removeHandler(handler)
 
 
 def _torch_manager(**kw):

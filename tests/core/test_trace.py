@@ -4,7 +4,6 @@ it: tests/targets/test_backend_trace.py)."""
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 
@@ -12,29 +11,13 @@ import fxpass as fp
 from fxpass.core.trace import StructuredTrace, run_label, tracing
 
 from _models import exported_gm
-
-
-class _Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.artifacts: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        meta = getattr(record, "metadata", {}).get("artifact")
-        if meta is not None and meta["name"].startswith("fxpass_"):
-            self.artifacts.append((meta["name"], record.payload))
+from _traces import fxpass_artifacts
 
 
 @pytest.fixture
 def captured():
-    from torch._logging._internal import trace_log
-
-    handler = _Capture()
-    trace_log.addHandler(handler)
-    try:
+    with fxpass_artifacts() as handler:
         yield handler
-    finally:
-        trace_log.removeHandler(handler)
 
 
 def explode(gm):

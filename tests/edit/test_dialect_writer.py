@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from fxpass.edit.dialect_writer import Spelling
 from fxpass.edit.editor import Editor
 
-
-class _Small(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.relu(self.linear(x)) * 2
+from _models import LinearRelu
 
 
 def test_one_writer_spells_new_nodes_and_respells_replacements():
@@ -25,10 +17,10 @@ def test_one_writer_spells_new_nodes_and_respells_replacements():
     pytest.importorskip("executorch.exir")
     from executorch.exir import to_edge
 
-    ep = to_edge(torch.export.export(_Small(), (torch.randn(2, 4),))).exported_program()
+    ep = to_edge(torch.export.export(LinearRelu(), (torch.randn(2, 4),))).exported_program()
     graph = ep.graph_module.graph
     spell = Spelling(graph)
-    assert spell.edge and Spelling(torch.fx.symbolic_trace(_Small()).graph).edge is False
+    assert spell.edge and Spelling(torch.fx.symbolic_trace(LinearRelu()).graph).edge is False
     x = next(iter(graph.find_nodes(op="placeholder")))
     aten = torch.ops.aten
     written = [spell(op, (x,), {})[0] for op in (aten.clone.default, aten.neg.default)]

@@ -8,12 +8,13 @@ import operator
 import _captures
 import pytest
 import torch
-from torch import nn
 
 from fxpass.fxutil.graph_forms import FORMS, spelled
 from fxpass.rewrite import traced
 from fxpass.targets import backend
 from fxpass.verify import testing
+
+from _models import LinearRelu
 
 
 def test_every_list_of_forms_spells_the_one_list():
@@ -34,15 +35,6 @@ def test_a_door_cannot_name_a_form_that_is_not_there():
         spelled({"x": "mlir"})
 
 
-class _Small(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.relu(self.linear(x)) * 2
-
-
 def _calls(gm: torch.fx.GraphModule) -> set[str]:
     """What the graph's call nodes call: ``aten`` ops, ``edge`` ops or ``torch`` code."""
     kinds = set()
@@ -61,7 +53,7 @@ def _calls(gm: torch.fx.GraphModule) -> set[str]:
 
 @pytest.mark.parametrize("how", testing.CAPTURES)
 def test_each_form_calls_what_the_list_says(how):
-    captured = testing.capture(_Small(), (torch.randn(2, 4),), how)
+    captured = testing.capture(LinearRelu(), (torch.randn(2, 4),), how)
     assert _calls(captured.graph_module) == {captured.form.ops}
 
 
@@ -69,5 +61,5 @@ def test_the_edge_form_calls_edge_ops():
     pytest.importorskip("executorch.exir")
     from executorch.exir import to_edge
 
-    ep = to_edge(torch.export.export(_Small(), (torch.randn(2, 4),))).exported_program()
+    ep = to_edge(torch.export.export(LinearRelu(), (torch.randn(2, 4),))).exported_program()
     assert _calls(ep.graph_module) == {FORMS["edge"].ops}
