@@ -44,7 +44,6 @@ __all__ = [
     "collectives_of",
     "expert_blocks",
     "expert_decisions",
-    "graph_and_params",
     "mesh_for",
     "tensor_decisions",
     "weight_nbytes",
@@ -63,18 +62,6 @@ def check_world_size(world_size: Any) -> int:
             f"world size must be a positive integer (the number of ranks), not {world_size!r}"
         )
     return world_size
-
-
-def graph_and_params(program: Any) -> tuple[fx.GraphModule, Params]:
-    """The graph module of an ExportedProgram or GraphModule, and its weights."""
-    if isinstance(program, torch.export.ExportedProgram):
-        return program.graph_module, Params(program.graph_module, program.graph_signature)
-    if isinstance(program, fx.GraphModule):
-        return program, Params(program)
-    raise TypeError(
-        "sharding takes a torch.export.ExportedProgram (or a .pt2 file loaded with "
-        f"torch.export.load) or a torch.fx.GraphModule, got {type(program).__name__}"
-    )
 
 
 def _root(node: Any) -> Any:
