@@ -9,7 +9,7 @@ pass one rank runs, given the script and the rank's :class:`~.mesh.Place`).
 
 :func:`strategies` finds every module of :mod:`fxpass.distributed` that defines ``STRATEGY``
 and orders them by ``order`` (the order their rewrites run on each rank), so adding a
-strategy is adding its module (docs/architecture.md, "Adding a strategy").
+strategy is adding its module (docs/architecture.md, "Adding a distributed strategy").
 
 The plan's options (``sequence_parallel``, ``fuse``, ``bucket``, ``async_tp``) are not
 strategies: they choose no layout and have no section of decisions, only a value and a size
