@@ -46,12 +46,6 @@ def _plan(plan_file: str | None):
         raise CliError(f"{plan_file}: {e}", USAGE) from None
 
 
-def _mesh_dims(world_size, tp, ep, pp) -> dict:
-    if world_size is None and tp is None and ep is None and pp is None:
-        return {}
-    return {"world_size": world_size, "tp": tp, "ep": ep, "pp": pp}
-
-
 _DIM = click.IntRange(min=1)
 
 
@@ -106,47 +100,46 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     ranks are their product). Each rank loads its file and runs it on torch.distributed; with
     --pp, under torch.distributed.pipelining (see docs/distributed.md).
     """
-    from ..distributed import PlanError, ShardError, analyze, pipeline_stages, shard
+    from ..distributed import PlanError, ShardError
+    from ..distributed.accounting import communication
     from ..distributed.consistency import trace
-    from ..distributed.sharded import resolve_mesh
+    from ..distributed.planning import plan_shards
+    from ..distributed.sharded import shard_planned
 
-    dims = _mesh_dims(world_size, tp, ep, pp)
     plan = _plan(plan_file)
-    if not dims and plan is None:
+    if world_size is None and tp is None and ep is None and pp is None and plan is None:
         raise click.UsageError("give the number of ranks (-n/--world-size) or --tp/--ep/--pp")
     if output is None and not print_plan and not verify:
         raise click.UsageError("give -o/--output (a folder), or --print-plan to only plan")
     out_dir = _output_dir(output) if output else None
     if html:
         check_writable(html, "report")
+    reports = _Reports(html, target) if html and out_dir is not None else None
     t = load_target(target, imports=imports)
     if not t.is_exported:
         raise CliError(f"fxpass shard needs an exported program (.pt2), not {t.kind}", LOAD)
-    try:
-        mesh = resolve_mesh(t.program, dims.get("world_size"), None, tp, ep, pp, plan)
+    try:  # the one planning step: mesh, analysis, options, stage cut
+        planned = plan_shards(t.program, world_size, tp=tp, ep=ep, pp=pp, plan=plan,
+                              sequence_parallel=sequence_parallel, fuse=fuse, bucket=bucket,
+                              async_tp=async_tp, gates=_gates(gates), uneven=uneven)  # fmt: skip
     except PlanError as e:  # a plan for another mesh
         raise CliError(str(e), USAGE) from None
-    if mesh.world_size > 1 and plan is None:
-        plan = analyze(t.program, mesh=mesh, uneven=uneven)
-    console = stdout()
-    if out_dir is None and not verify:
-        if plan is not None and plan.mesh.pp > 1 and not plan.stages:  # part of the plan
-            plan.stages = pipeline_stages(t.program, plan.mesh.pp).stages
-        if as_json:
-            emit_json(plan.to_dict() if plan is not None else {})
-        elif plan is not None:
-            console.print(plan)
-        return
-    reports = _Reports(html, target, mesh.world_size) if html and out_dir is not None else None
-    try:
-        shards = shard(t.program, plan=plan, mesh=None if plan is not None else mesh,
-                       sequence_parallel=sequence_parallel, fuse=fuse,
-                       bucket=bucket, async_tp=async_tp,
-                       gates=_gates(gates), instrument=reports)  # fmt: skip
     except ShardError as e:
         if "gate" not in str(e):
             raise
         raise CliError(f"--gate: {e}", USAGE) from None
+    console = stdout()
+    if out_dir is None and not verify:
+        shown = planned.plan if planned.mesh.world_size > 1 else plan
+        if as_json:
+            emit_json(shown.to_dict() if shown is not None else {})
+        elif shown is not None:
+            console.print(shown)
+        return
+    n = planned.mesh.world_size
+    if reports is not None:
+        reports.world_size = n
+    shards = shard_planned(planned, instrument=reports)
     if print_plan and not as_json:
         console.print(shards.plan)
     if verify:
@@ -166,19 +159,20 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
     except OSError as e:
         raise CliError(f"cannot write the programs to {out_dir}: {e.strerror or e}", WRITE) from e
     written = reports.written() if reports is not None else []
+    comm = communication(shards) if html is not None else None
     if as_json:
         import json
 
         data = json.loads(manifest.read_text())
         if reports is not None:
             data["reports"] = [str(p) for p in written]
-        if html is not None:
-            data["communication"] = shards.communication().to_dict()
+        if comm is not None:
+            data["communication"] = comm.to_dict()
         emit_json(data)
         return
     console.print(shards)
-    if html is not None:
-        console.print(shards.communication())
+    if comm is not None:
+        console.print(comm)
     if reports is not None:
         console.print(
             "report: " + (", ".join(str(p) for p in written) or "none (no rank ran a pass)"),
@@ -188,12 +182,11 @@ def shard_cmd(target, world_size, tp, ep, pp, output, plan_file, print_plan, seq
         state = "applied" if entry["applied"] else "not applied"
         console.print(f"{entry['option']}: {state}: {entry['why']}", style="dim",
                       markup=False, highlight=False)  # fmt: skip
-    n = shards.world_size
-    if fuse:
-        fused = _fused(shards)
-        if fused:  # when none, the shards' notes above say why
-            console.print(f"--fuse: {fused} all-reduce + add + RMSNorm site{'s' if fused != 1 else ''} "
-                          "fused", style="dim", markup=False, highlight=False)  # fmt: skip
+    first = shards.reports[0] if shards.reports else None  # rank 0's
+    fused = int(first.stats().get("fuse_allreduce_add_rmsnorm.rewrites", 0)) if first else 0
+    if fuse and fused:  # when none, the shards' notes above say why
+        console.print(f"--fuse: {fused} all-reduce + add + RMSNorm site{'s' if fused != 1 else ''} "
+                      "fused", style="dim", markup=False, highlight=False)  # fmt: skip
     console.print(
         f"wrote {n} program{'s' if n != 1 else ''}, plan.json and {manifest.name} to {out_dir}"
     )
@@ -216,7 +209,7 @@ class _Reports:
     ``instrument``): ``path`` for one rank, else ``path`` with ``.rank<r>`` before its
     suffix."""
 
-    def __init__(self, path: str, target: str, world_size: int) -> None:
+    def __init__(self, path: str, target: str, world_size: int = 1) -> None:
         self.path, self.target, self.world_size = Path(path), target, world_size
         self.made: list = []
 
@@ -237,9 +230,3 @@ class _Reports:
 
     def written(self) -> list[Path]:
         return [r.written for r in self.made if r.written is not None]
-
-
-def _fused(shards) -> int:
-    """How many all-reduce + add + RMSNorm sites rank 0 fused."""
-    report = shards.reports[0] if shards.reports else None
-    return int(report.stats().get("fuse_allreduce_add_rmsnorm.rewrites", 0)) if report else 0

@@ -109,6 +109,10 @@ class PassContext:
     #: what each change will touch, so that a failed run can undo the changes; None outside a
     #: run and after a pass that edits outside the editor (the run snapshots the graph then).
     journal: Any = field(default=None, repr=False)
+    #: The program the run's graph belongs to, handed over by the door that started the run:
+    #: for an ExportedProgram's graph, its :class:`~fxpass.targets.export.ProgramContext`
+    #: (the weights, which placeholder is which); None for a plain GraphModule.
+    program: Any = field(default=None, repr=False)
     #: the run's own bookkeeping (the pipeline's, not the passes')
     _run: _RunState = field(default_factory=_RunState, repr=False, init=False)
     _editor: Editor | None = field(default=None, repr=False, init=False)

@@ -257,11 +257,13 @@ class PassGroup:
         *,
         instrument: Iterable[Instrumentation] = (),
         debug_counter: DebugCounter | None = None,
+        program: Any = None,
     ) -> PassResult:
         """Run the passes on ``gm``; returns a :class:`PassResult` with a ``report``.
 
         ``sample_inputs`` reach lowering passes ``(gm, sample_inputs)``; ``debug_counter``
-        limits how many rewrites the run may make (see :class:`~fxpass.core.DebugCounter`).
+        limits how many rewrites the run may make (see :class:`~fxpass.core.DebugCounter`);
+        ``program`` is what the graph belongs to (``PassContext.program``).
         """
         if not isinstance(gm, fx.GraphModule):
             raise TypeError(
@@ -280,6 +282,7 @@ class PassGroup:
             instruments=instruments,
             debug_counter=debug_counter,
             enabled=_enabled,
+            program=program,
         )
         if self.verify_analyses is not None:
             ctx.analyses.verify = self.verify_analyses

@@ -8,7 +8,9 @@ torch.distributed — its collectives fused where they can be.
 >>> shards.save("out")              # rank0.pt2, rank1.pt2, manifest.json  # doctest: +SKIP
 >>> fxpass.shard(exported_program, tp=2, ep=2, pp=2)               # doctest: +SKIP
 
-Modules: :mod:`~.mesh` (ranks and groups), :mod:`~.plan` (the plan as data),
+Modules: :mod:`~.strategy` (the table of strategies: each one module's ``STRATEGY``),
+:mod:`~.planning` (the plan made once: mesh, analysis, options, stage cut),
+:mod:`~.mesh` (ranks and groups), :mod:`~.plan` (the plan as data),
 :mod:`~.placement` (how a tensor is cut), :mod:`~.sites` (where weights are used),
 :mod:`~.rules`, :mod:`~.partial` and :mod:`~.propagate` (how slices and partial sums go
 through ops), :mod:`~.analysis` (tensor parallelism), :mod:`~.experts` (mixtures of
@@ -30,11 +32,21 @@ from . import (  # noqa: F401  (registers the passes)
     sequence_parallel,
     tensor_parallel,
 )
-from .analysis import analyze, choose_mesh
+from .analysis import choose_mesh
 from .mesh import Mesh
 from .plan import Decision, ExpertBlock, PlanError, ShardError, ShardPlan, Stage
-from .sharded import ShardedPrograms, init_groups, load_rank, load_stage, shard, weight_bytes
+from .planning import Planned, analyze, plan_shards
+from .sharded import (
+    ShardedPrograms,
+    init_groups,
+    load_rank,
+    load_stage,
+    shard,
+    shard_planned,
+    weight_bytes,
+)
 from .stages import PipelineStages, pipeline_stages
+from .strategy import Strategy, strategies
 
 __all__ = [
     "Decision",
@@ -42,16 +54,21 @@ __all__ = [
     "Mesh",
     "PipelineStages",
     "PlanError",
+    "Planned",
     "ShardError",
     "ShardPlan",
     "ShardedPrograms",
     "Stage",
+    "Strategy",
     "analyze",
     "choose_mesh",
     "init_groups",
     "load_rank",
     "load_stage",
     "pipeline_stages",
+    "plan_shards",
     "shard",
+    "shard_planned",
+    "strategies",
     "weight_bytes",
 ]

@@ -34,16 +34,18 @@ from ..fxutil.fx_internals import sort_key
 from .experts import Block, find_blocks
 from .mesh import Mesh, expert_range
 from .placement import Shard
-from .plan import Decision, ShardError, ShardPlan, plural
+from .plan import Decision, ExpertBlock, ShardError, ShardPlan, plural
 from .propagate import Flow, Refused, Requirement
 from .sites import SAME_VALUE, Params, Site, find_sites, target_of
 
 __all__ = [
-    "analyze",
     "check_world_size",
     "choose_mesh",
     "collectives_of",
-    "graph_and_params",
+    "expert_blocks",
+    "expert_decisions",
+    "mesh_for",
+    "tensor_decisions",
     "weight_nbytes",
 ]
 
@@ -60,18 +62,6 @@ def check_world_size(world_size: Any) -> int:
             f"world size must be a positive integer (the number of ranks), not {world_size!r}"
         )
     return world_size
-
-
-def graph_and_params(program: Any) -> tuple[fx.GraphModule, Params]:
-    """The graph module of an ExportedProgram or GraphModule, and its weights."""
-    if isinstance(program, torch.export.ExportedProgram):
-        return program.graph_module, Params(program.graph_module, program.graph_signature)
-    if isinstance(program, fx.GraphModule):
-        return program, Params(program)
-    raise TypeError(
-        "sharding takes a torch.export.ExportedProgram (or a .pt2 file loaded with "
-        f"torch.export.load) or a torch.fx.GraphModule, got {type(program).__name__}"
-    )
 
 
 def _root(node: Any) -> Any:
@@ -180,7 +170,8 @@ class _Analysis:
             by_root.setdefault(key, []).append(s)
         return list(by_root.values())
 
-    def run(self) -> ShardPlan:
+    def run(self) -> tuple[list[Decision], list[dict[str, Any]]]:
+        """The decisions, in graph order, and the collectives they imply."""
         for group in self.groups():
             self._group(group)
         for s in self.sites:  # sites no group reached (their input was never sharded)
@@ -189,8 +180,7 @@ class _Analysis:
         flow = self.flow(dict(self.weights)).run()
         nodes = {n.name: n for n in self.gm.graph.nodes}
         decisions = sorted(self.decisions.values(), key=lambda d: sort_key(nodes[d.node]))
-        experts = [b.describe(self.params, self.n) for b in self.blocks] if self.mesh.ep > 1 else []
-        return ShardPlan(self.mesh, decisions, collectives_of(flow), experts)
+        return decisions, collectives_of(flow)
 
     def flow(self, weights: dict[fx.Node, Shard], discover: bool = False) -> Flow:
         return Flow(self.gm, self.by_node, weights, self.n, discover, self.params,
@@ -398,12 +388,18 @@ def collectives_of(flow: Flow) -> list[dict[str, Any]]:
 
 
 def choose_mesh(program: Any, world_size: int) -> Mesh:
-    """The mesh :func:`analyze` picks for ``world_size`` ranks: a mixture of experts splits
-    its experts across as many groups as divide both (the rest of the ranks cut each
-    expert's features), everything else is tensor-parallel."""
+    """The mesh :func:`~.planning.analyze` picks for ``world_size`` ranks: a mixture of
+    experts splits its experts across as many groups as divide both (the rest of the ranks
+    cut each expert's features), everything else is tensor-parallel."""
+    from .strategy import Survey
+
+    return mesh_for(Survey.of(program), world_size)
+
+
+def mesh_for(survey: Any, world_size: int) -> Mesh:
+    """:func:`choose_mesh` for a surveyed program (its expert blocks found once)."""
     world_size = check_world_size(world_size)
-    gm, params = graph_and_params(program)
-    blocks, _ = find_blocks(gm, params)
+    blocks, _ = _found(survey)
     if not blocks or world_size == 1:
         return Mesh(tp=world_size)
     experts = min(b.experts for b in blocks)
@@ -414,31 +410,35 @@ def choose_mesh(program: Any, world_size: int) -> Mesh:
     return Mesh(tp=world_size // ep, ep=ep)
 
 
-def analyze(
-    program: torch.export.ExportedProgram | fx.GraphModule,
-    world_size: int | None = None,
-    *,
-    mesh: Mesh | None = None,
-    uneven: str = "error",
-) -> ShardPlan:
-    """Find the parallel structure of ``program`` and return the plan for ``world_size``
-    ranks (a mesh :func:`choose_mesh` picks) or for ``mesh`` (see the module docstring).
+def _found(survey: Any) -> tuple[list[Block], list[str]]:
+    return survey.fact("expert_blocks", lambda sv: find_blocks(sv.gm, sv.params))
 
-    ``uneven="error"`` (the default) refuses a group whose heads, features or rows the
-    ranks do not divide, naming the layer and the numbers; ``"replicate"`` keeps such
-    groups whole instead. Pipeline stages are added by :func:`fxpass.distributed.shard`.
-    """
-    if uneven not in ("error", "replicate"):
-        raise ValueError(f"uneven must be 'error' or 'replicate', not {uneven!r}")
-    if mesh is None:
-        mesh = choose_mesh(program, world_size if world_size is not None else 0)
-    elif world_size is not None and check_world_size(world_size) != mesh.world_size:
-        raise ShardError(f"the mesh {mesh} has {mesh.world_size} ranks, not {world_size}")
-    gm, params = graph_and_params(program)
-    blocks, refused = find_blocks(gm, params)
-    if mesh.ep > 1:
-        _check_experts(mesh, blocks, refused)
-    return _Analysis(gm, params, mesh, uneven, blocks).run()
+
+def expert_blocks(survey: Any) -> list[Block]:
+    """The mixtures of experts of the surveyed program (found once per survey: the mesh's
+    choice and both parallelisms read them), checked against the mesh when it splits
+    experts."""
+    blocks, refused = _found(survey)
+    if survey.mesh.ep > 1:
+        _check_experts(survey.mesh, blocks, refused)
+    return blocks
+
+
+def tensor_decisions(survey: Any, plan: ShardPlan) -> list[Decision]:
+    """The tensor-parallel decisions of the surveyed program (see the module docstring);
+    the collectives they imply go to ``plan.collectives``."""
+    blocks = expert_blocks(survey)
+    decisions, collectives = _Analysis(survey.gm, survey.params, survey.mesh, survey.uneven,
+                                       blocks).run()  # fmt: skip
+    plan.collectives = collectives
+    return decisions
+
+
+def expert_decisions(survey: Any, plan: ShardPlan) -> list[ExpertBlock]:
+    """The mixtures of experts split across expert groups (none on a mesh with ``ep`` 1)."""
+    if survey.mesh.ep == 1:
+        return []
+    return [b.describe(survey.params, survey.mesh.stage_size) for b in expert_blocks(survey)]
 
 
 def _check_experts(mesh: Mesh, blocks: list[Block], refused: list[str]) -> None:

@@ -35,6 +35,7 @@ from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..verify.streams import require_safe_streams
 from .collectives import C10D, Inserter
+from .strategy import running_context
 from .tensor_parallel import fake_mode, repropagate
 
 __all__ = ["async_tp"]
@@ -195,7 +196,7 @@ def async_tp(gm: fx.GraphModule, *, chunks: int = 2) -> bool:
     communication overlaps compute (see :mod:`fxpass.distributed.async_tp`)."""
     if chunks < 2:
         raise ValueError(f"async_tp: chunks must be at least 2, not {chunks}")
-    editor = Editor(pass_name=RULE)
+    editor = running_context(RULE).editor
     changed = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or len(node.users) != 1:

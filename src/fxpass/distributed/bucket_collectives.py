@@ -32,6 +32,8 @@ from ..core.context import stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from .collectives import C10D, Inserter
+from .plan import DEFAULT_BUCKET
+from .strategy import running_context
 from .tensor_parallel import fake_mode, repropagate
 
 __all__ = ["DEFAULT_CAP", "DEFAULT_THRESHOLD", "bucket_collectives", "launches"]
@@ -41,7 +43,7 @@ RULE = "bucket_collectives"
 #: The largest collective that joins a bucket, and the most bytes per bucket. Not measured
 #: on a GPU (none was lent): NCCL's latency-bound regime ends around 64 KiB-1 MiB per
 #: message on NVLink; these are the defaults until a crossover is measured.
-DEFAULT_THRESHOLD = 64 * 1024
+DEFAULT_THRESHOLD = DEFAULT_BUCKET
 DEFAULT_CAP = 1024 * 1024
 
 _KINDS = {
@@ -209,7 +211,7 @@ def bucket_collectives(
                          f"{threshold} and {cap}")  # fmt: skip
     before = launches(gm)
     buckets = find_buckets(gm, threshold, cap)
-    editor = Editor(pass_name=RULE)
+    editor = running_context(RULE).editor
     merged = 0
     for bucket in buckets:
         if not editor.allow():

@@ -52,12 +52,13 @@ from torch import fx
 from ..core.context import stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
-from ..targets.export import program_context
+from .analysis import expert_decisions
 from .collectives import Inserter
 from .experts import Block, find_blocks
 from .mesh import Mesh, Place, expert_range
-from .plan import PlanError, ShardPlan
+from .plan import ExpertBlock, PlanError, ShardPlan
 from .sites import Params
+from .strategy import Section, Strategy, StrategyPass, Survey, running_context
 from .tensor_parallel import (
     current_weight,
     fake_mode,
@@ -67,7 +68,14 @@ from .tensor_parallel import (
     resolve_rank,
 )
 
-__all__ = ["BlockScript", "ExpertScript", "expert_parallel", "expert_script"]
+__all__ = [
+    "STRATEGY",
+    "BlockScript",
+    "ExpertParallelRank",
+    "ExpertScript",
+    "expert_parallel",
+    "expert_script",
+]
 
 aten = torch.ops.aten
 RULE = "expert_parallel"
@@ -188,7 +196,7 @@ def _separate(editor: Editor, b: BlockScript, place: Place, nodes: dict) -> int:
 
 
 def _block(editor: Editor, gm: fx.GraphModule, b: BlockScript, place: Place, nodes: dict,
-           mode: Any) -> int:  # fmt: skip
+           mode: Any, program: Any) -> int:  # fmt: skip
     if b.mlps:
         return _separate(editor, b, place, nodes)
     lo, hi = expert_range(b.experts, place.mesh.ep, place.expert_group)
@@ -224,22 +232,24 @@ def _block(editor: Editor, gm: fx.GraphModule, b: BlockScript, place: Place, nod
         _mask(editor, nodes[value], nodes[by], counted)
     for name in b.tensors:
         node = nodes[name]
-        whole = current_weight(gm, node)
+        whole = current_weight(gm, node, program)
         if whole is None:
             raise PlanError(f"expert parallelism needs the expert weights in the program; "
                             f"'{name}' is a graph input")  # fmt: skip
-        replace_weight(gm, node, whole.detach().narrow(0, lo, kept).clone(), mode)
+        replace_weight(gm, node, whole.detach().narrow(0, lo, kept).clone(), mode, program)
     return kept
 
 
-def apply_experts(gm: fx.GraphModule, script: ExpertScript, place: Place) -> int:
-    """Rewrite ``gm`` for the rank at ``place``; returns how many blocks were split."""
-    editor = Editor(pass_name=RULE)
+def apply_experts(gm: fx.GraphModule, script: ExpertScript, place: Place, ctx: Any) -> int:
+    """Rewrite ``gm`` for the rank at ``place`` through the run's editor (``ctx.editor``),
+    keeping the rank's experts of the program it runs on (``ctx.program``); returns how
+    many blocks were split."""
+    editor = ctx.editor
     nodes = {n.name: n for n in gm.graph.nodes}
     mode = fake_mode(gm)
     changed = set()
     for b in script.blocks:
-        kept = _block(editor, gm, b, place, nodes, mode)
+        kept = _block(editor, gm, b, place, nodes, mode, ctx.program)
         changed |= {nodes[t] for t in b.tensors if not b.mlps}
         stat("experts_kept", kept)
         stat("experts_whole", b.experts)
@@ -248,37 +258,66 @@ def apply_experts(gm: fx.GraphModule, script: ExpertScript, place: Place) -> int
     return len(script.blocks)
 
 
-@REGISTRY.register(
-    "expert_parallel",
-    origin="fxpass",
-    statistics={
-        "blocks": "mixtures of experts split across expert groups",
-        "experts_kept": "experts this rank keeps (summed over blocks)",
-        "experts_whole": "experts of the blocks split (summed over blocks)",
-    },
-)
+STATISTICS = {
+    "blocks": "mixtures of experts split across expert groups",
+    "experts_kept": "experts this rank keeps (summed over blocks)",
+    "experts_whole": "experts of the blocks split (summed over blocks)",
+}
+
+
+@REGISTRY.register("expert_parallel", origin="fxpass", statistics=STATISTICS)
 def expert_parallel(
     gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1, plan: str = ""
 ) -> bool:
     """Keep this rank's experts of every mixture of experts the plan splits, rotate the
     routing so they come first, and zero the other experts' rows where they leave (see
-    :mod:`fxpass.distributed.expert_parallel`). ``plan`` is a plan JSON file or what
-    ``fxpass.shard`` prepared; ``world_size`` and ``rank`` default to torch.distributed's."""
+    :mod:`fxpass.distributed.expert_parallel`). ``plan`` is a plan JSON file (from
+    ``fxpass shard``); ``world_size`` and ``rank`` default to torch.distributed's."""
     world_size, rank = resolve_rank(world_size, rank)
-    if isinstance(plan, ExpertScript):
-        script = plan
-    else:
-        if not plan:
-            raise PlanError("expert_parallel needs a plan (a JSON file from fxpass shard)")
-        the_plan = plan if isinstance(plan, ShardPlan) else ShardPlan.load(plan)
-        ctx = program_context()
-        script = expert_script(gm, Params(gm, ctx.signature if ctx else None), the_plan)
+    if not isinstance(plan, str):
+        raise TypeError(f"expert_parallel: plan is a plan JSON file, not {type(plan).__name__}")
+    if not plan:
+        raise PlanError("expert_parallel needs a plan (a JSON file from fxpass shard)")
+    ctx = running_context("expert_parallel")
+    signature = ctx.program.signature if ctx.program is not None else None
+    script = expert_script(gm, Params(gm, signature), ShardPlan.load(plan))
     if script.mesh.world_size != world_size:
         raise PlanError(f"the plan is for the mesh {script.mesh}, not {world_size} ranks")
     if not script.blocks:
         return False
-    stat("blocks", apply_experts(gm, script, script.mesh.place(rank)))
+    stat("blocks", apply_experts(gm, script, script.mesh.place(rank), ctx))
     return True
+
+
+# ----- the strategy ----------------------------------------------------------------------------
+class ExpertParallelRank(StrategyPass):
+    """One rank's expert-parallel rewrite in ``fxpass.shard``: the stage's script and the
+    rank's place, typed (the registered ``expert_parallel`` reads a plan file instead)."""
+
+    name = "expert_parallel"
+    statistics = STATISTICS
+
+    def __init__(self, script: ExpertScript, place: Place) -> None:
+        self.script, self.place = script, place
+
+    def apply(self, gm: fx.GraphModule, ctx: Any) -> bool:
+        stat("blocks", apply_experts(gm, self.script, self.place, ctx))
+        return True
+
+
+def _prepare(survey: Survey, plan: ShardPlan, scripts: Any) -> ExpertScript | None:
+    script = expert_script(survey.gm, survey.params, plan, stage=survey.staged)
+    return script if script.blocks else None
+
+
+STRATEGY = Strategy(
+    "expert_parallel",
+    order=20,
+    section=Section("experts", ExpertBlock),
+    analyze=expert_decisions,
+    prepare=_prepare,
+    rewrite=ExpertParallelRank,
+)
 
 
 expert_parallel.cache_key = rank_key

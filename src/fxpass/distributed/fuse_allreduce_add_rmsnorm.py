@@ -19,7 +19,6 @@ from torch import fx
 from torch.fx import Proxy
 
 from ..core.pass_registry import REGISTRY
-from ..edit.editor import Editor
 from ..fxutil.layout import same_layout
 from ..passes.fusion import ADD, add_ok, fake_result, keep_layout, norm_ok, rms_norm, scalars
 from ..rewrite.constraint import value_of
@@ -27,6 +26,7 @@ from ..rewrite.driver import RuleSet, rewrite
 from ..rewrite.pattern import P
 from ..rewrite.rule import Rule
 from .collectives import C10D, sink_below_views, sum_all_reduces
+from .strategy import running_context
 
 __all__ = ["RULES", "fuse_allreduce_add_rmsnorm"]
 
@@ -125,6 +125,6 @@ def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule) -> bool:
                                                                 1e-06, 0.0, "0")
                             %out = getitem(%f, 0)      # the sum's other users read %f[1]
     """
-    editor = Editor(pass_name="fuse_allreduce_add_rmsnorm")
+    editor = running_context("fuse_allreduce_add_rmsnorm").editor
     sunk = [sink_below_views(*pair, editor) for pair in sum_all_reduces(gm)]
     return rewrite(gm, RULES, once=True).modified or any(sunk)

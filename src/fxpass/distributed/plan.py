@@ -21,7 +21,10 @@ A plan holds a section per strategy, all over one :class:`~fxpass.distributed.me
 A plan round-trips through JSON (``plan.save(path)`` / ``ShardPlan.load(path)``) and prints
 as a table. Reading one checks every field and says which is wrong in one line
 (:class:`PlanError`); a plan for another mesh or program is refused before any rank is made.
-Adding a strategy adds its section here and its own module (see ``docs/architecture.md``).
+A section belongs to a strategy (its ``STRATEGY.section``, :mod:`.strategy`): the plan
+reads and writes every section the table of strategies names, so adding a strategy with a
+section of its own edits nothing here (see ``docs/architecture.md``). Files of the old format
+``fxpass.shard_plan/1`` (a world size instead of a mesh) are still read.
 
 .. code-block:: json
 
@@ -50,15 +53,18 @@ from ..core.errors import FxpassError
 from .mesh import DIMS, Mesh
 
 __all__ = [
+    "DEFAULT_BUCKET",
     "FORMAT",
     "OPTIONS",
     "STYLES",
     "Decision",
+    "Entry",
     "ExpertBlock",
     "PlanError",
     "ShardError",
     "ShardPlan",
     "Stage",
+    "check_stages",
     "plural",
 ]
 
@@ -72,6 +78,8 @@ STYLES: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "batch": 0, 
 #: (:mod:`.shard_options`).
 OPTIONS: dict[str, Any] = {"sequence_parallel": False, "fuse": False, "bucket": 0,
                            "async_tp": 0}  # fmt: skip
+#: ``bucket=True``: merge collectives of at most this many bytes each
+DEFAULT_BUCKET = 64 * 1024
 
 
 class ShardError(FxpassError):
@@ -156,9 +164,28 @@ def _gates(data: dict) -> dict[str, list[int | None]]:
     return out
 
 
+def _gate(name: str, value: Any) -> list[int | None]:
+    """A gate given in Python: ``(lo, hi)`` or ``"lo..hi"`` token counts, checked."""
+    from ..core.ranges import parse_ranges, to_ranges
+
+    if name not in OPTIONS:
+        raise ShardError(f"no option {name!r} to gate; options: {', '.join(OPTIONS)}")
+    try:
+        if isinstance(value, str):  # "lo..hi", as in applies_to=tokens:lo..hi
+            rng = parse_ranges(f"tokens:{value}")["tokens"]
+        else:
+            rng = to_ranges({"tokens": value})["tokens"]
+    except ValueError as e:
+        raise ShardError(f"gate for {name}: {e}") from None
+    return [rng.lo, rng.hi]
+
+
 # ----- the sections ------------------------------------------------------------------------
-class _Section:
-    """What the plan's sections share: JSON out, and the checks of an object read in."""
+class Entry:
+    """An entry of a plan section (a dataclass): JSON out (``to_dict``), and JSON in
+    (``from_dict(data, where)``), checked — here only its keys (an unknown one, a missing
+    one); an entry whose fields need more checks overrides ``from_dict``, reading each
+    field with the checks of this module, as :class:`Decision` does."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -170,9 +197,18 @@ class _Section:
         _unknown(data, where, (f.name for f in dataclasses.fields(cls)))  # type: ignore[arg-type]
         return data
 
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> Any:
+        data = cls._fields(data, where)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if missing and f.name not in data:
+                raise PlanError(f"plan field '{where}.{f.name}' is missing")
+        return cls(**data)
+
 
 @dataclass
-class Decision(_Section):
+class Decision(Entry):
     """How one weight is laid out across the ranks of a stage, and why."""
 
     param: str
@@ -229,7 +265,7 @@ class Decision(_Section):
 
 
 @dataclass
-class ExpertBlock(_Section):
+class ExpertBlock(Entry):
     """A mixture of experts split across expert groups: ``router`` is the top-k node,
     ``weights`` the expert stacks (dim 0: the experts), ``exits`` where each rank's rows
     leave the experts (masked to the rows of its experts, then partial sums)."""
@@ -254,9 +290,12 @@ class ExpertBlock(_Section):
             reason=_get(data, where, "reason", str, ""),
         )
 
+    def line(self, i: int) -> str:
+        return f"experts at '{self.router}': {self.reason}"
+
 
 @dataclass
-class Stage(_Section):
+class Stage(Entry):
     """One pipeline stage: the graph's nodes ``first`` to ``last`` (in order), the values
     it ``receives`` and ``sends``, and its share of the weights and FLOPs."""
 
@@ -279,26 +318,79 @@ class Stage(_Section):
             flops=_get(data, where, "flops", int, 0),
         )
 
+    def line(self, i: int) -> str:
+        return (
+            f"stage {i}: '{self.first}' .. '{self.last}', {self.weight_bytes:,} bytes of "
+            f"weights, {self.flops:,} FLOPs; sends {', '.join(map(repr, self.sends)) or 'the outputs'}"
+        )
 
-@dataclass
+
+def _sections() -> list[Any]:
+    """The plan's sections, from the table of strategies (:mod:`.strategy`)."""
+    from .strategy import strategies
+
+    return [s.section for s in strategies() if s.section is not None]
+
+
+def check_stages(stages: list[Stage], mesh: Mesh) -> None:
+    """A plan's stages, if it lists any, are one per pipeline stage of its mesh."""
+    if stages and len(stages) != mesh.pp:
+        raise PlanError(f"the plan has {plural(len(stages), 'stage')} but its mesh pp is {mesh.pp}")
+
+
+@dataclass(init=False)
 class ShardPlan:
-    """Every decision for one program over one mesh (see the module docstring)."""
+    """Every decision for one program over one mesh (see the module docstring): a list per
+    strategy's section (``plan.sections[name]``; ``decisions``, ``experts`` and ``stages``
+    name the built-in ones), the options, their gates and what they did."""
 
     mesh: Mesh
-    decisions: list[Decision]
-    collectives: list[dict[str, Any]] = field(default_factory=list)
-    experts: list[ExpertBlock] = field(default_factory=list)
-    stages: list[Stage] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=lambda: dict(OPTIONS))
+    sections: dict[str, list[Any]]
+    collectives: list[dict[str, Any]]
+    options: dict[str, Any]
     #: option -> [lo, hi] token counts it applies to (hi None: no bound); see .shard_options
-    gates: dict[str, list[int | None]] = field(default_factory=dict)
+    gates: dict[str, list[int | None]]
     #: what the options did, filled in by shard: option, pass, value, applied, why
-    applied: list[dict[str, Any]] = field(default_factory=list)
+    applied: list[dict[str, Any]]
 
-    def __post_init__(self) -> None:
-        if isinstance(self.mesh, int):  # ShardPlan(2, decisions): tensor parallelism on 2
-            self.mesh = Mesh(tp=self.mesh)
-        self.options = {**OPTIONS, **self.options}
+    def __init__(
+        self,
+        mesh: Mesh | int,
+        decisions: list[Decision] | None = None,
+        collectives: list[dict[str, Any]] | None = None,
+        experts: list[ExpertBlock] | None = None,
+        stages: list[Stage] | None = None,
+        options: dict[str, Any] | None = None,
+        gates: dict[str, list[int | None]] | None = None,
+        applied: list[dict[str, Any]] | None = None,
+        *,
+        sections: dict[str, list[Any]] | None = None,
+    ) -> None:
+        # ShardPlan(2, decisions): tensor parallelism on 2
+        self.mesh = Mesh(tp=mesh) if isinstance(mesh, int) else mesh
+        self.sections = {s.name: [] for s in _sections()}
+        self.sections.update({k: list(v) for k, v in (sections or {}).items()})
+        for name, given in (("decisions", decisions), ("experts", experts), ("stages", stages)):
+            if given is not None:
+                self.sections[name] = list(given)
+        self.collectives = list(collectives or [])
+        self.options = {**OPTIONS, **(options or {})}
+        self.gates = dict(gates or {})
+        self.applied = list(applied or [])
+
+    def _section(name: str) -> Any:
+        def get(self: ShardPlan) -> list[Any]:
+            return self.sections.setdefault(name, [])
+
+        def put(self: ShardPlan, value: list[Any]) -> None:
+            self.sections[name] = list(value)
+
+        return property(get, put, doc=f"The ``{name}`` section.")
+
+    decisions = _section("decisions")
+    experts = _section("experts")
+    stages = _section("stages")
+    del _section
 
     def __iter__(self) -> Iterator[Decision]:
         return iter(self.decisions)
@@ -320,6 +412,29 @@ class ShardPlan:
     def sharded(self) -> list[Decision]:
         return [d for d in self.decisions if d.sharded]
 
+    def set_options(
+        self,
+        sequence_parallel: bool | None = None,
+        fuse: bool | None = None,
+        bucket: int | bool | None = None,
+        async_tp: int | None = None,
+        gates: dict[str, Any] | None = None,
+    ) -> None:
+        """The options given override the plan's (None: keep the plan's); ``gates``:
+        ``{option: (lo, hi)}`` or ``"lo..hi"`` token counts, added to the plan's."""
+        for key, value in (("sequence_parallel", sequence_parallel), ("fuse", fuse)):
+            if value is not None:
+                self.options[key] = bool(value)
+        if bucket is not None:
+            self.options["bucket"] = DEFAULT_BUCKET if bucket is True else int(bucket)
+        if async_tp is not None:
+            self.options["async_tp"] = int(async_tp)
+        for key in ("bucket", "async_tp"):
+            if self.options[key] < 0:
+                raise ShardError(f"{key} must be >= 0, not {self.options[key]}")
+        for name, value in (gates or {}).items():
+            self.gates[name] = _gate(name, value)
+
     def collective_counts(self) -> dict[str, int]:
         """How many of each kind of collective a forward issues on each rank."""
         counts: dict[str, int] = {}
@@ -329,18 +444,18 @@ class ShardPlan:
 
     # ----- JSON ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "format": FORMAT,
             "mesh": self.mesh.to_dict(),
             "world_size": self.world_size,
             "options": dict(self.options),
-            "decisions": [d.to_dict() for d in self.decisions],
-            "experts": [b.to_dict() for b in self.experts],
-            "stages": [s.to_dict() for s in self.stages],
-            "collectives": list(self.collectives),
-            "gates": {k: list(v) for k, v in self.gates.items()},
-            "applied": [dict(a) for a in self.applied],
         }
+        for section in _sections():
+            out[section.name] = [e.to_dict() for e in self.sections.get(section.name, [])]
+        out["collectives"] = list(self.collectives)
+        out["gates"] = {k: list(v) for k, v in self.gates.items()}
+        out["applied"] = [dict(a) for a in self.applied]
+        return out
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **{"indent": 2, **kwargs})
@@ -349,8 +464,9 @@ class ShardPlan:
     def from_dict(cls, data: Any) -> ShardPlan:
         if not isinstance(data, dict) or data.get("format") not in (FORMAT, _OLD_FORMAT):
             raise PlanError(f"not a sharding plan: expected a JSON object with format {FORMAT!r}")
-        known = ("format", "mesh", "world_size", "options", "decisions", "experts", "stages",
-                 "collectives", "gates", "applied")  # fmt: skip
+        sections = _sections()
+        known = ("format", "mesh", "world_size", "options", "collectives", "gates", "applied",
+                 *(s.name for s in sections))  # fmt: skip
         _unknown(data, "plan", known)
         if "mesh" in data:
             dims = _get(data, "plan", "mesh", dict)
@@ -377,27 +493,18 @@ class ShardPlan:
             if not isinstance(v, bool) and v < 0:
                 raise PlanError(f"plan field 'options.{k}' must be >= 0, not {v}")
         gates = _gates(_get(data, "plan", "gates", dict, {}))
-
-        def section(name: str, make: Any) -> list:
-            items = _get(data, "plan", name, list, [] if name != "decisions" else _MISSING)
-            return [make(item, f"{name}[{i}]") for i, item in enumerate(items)]
-
-        stages = section("stages", Stage.from_dict)
-        if stages and len(stages) != mesh.pp:
-            raise PlanError(
-                f"the plan has {plural(len(stages), 'stage')} but its mesh pp is {mesh.pp}"
-            )
+        read: dict[str, list[Any]] = {}
+        for section in sections:
+            name = section.name
+            items = _get(data, "plan", name, list, _MISSING if section.required else [])
+            read[name] = [section.entry.from_dict(item, f"{name}[{i}]")
+                          for i, item in enumerate(items)]  # fmt: skip
+            if section.check is not None:
+                section.check(read[name], mesh)
         collectives = _get(data, "plan", "collectives", list, [])
-        return cls(
-            mesh,
-            section("decisions", Decision.from_dict),
-            list(collectives),
-            section("experts", ExpertBlock.from_dict),
-            stages,
-            opts,
-            gates,
-            list(_get(data, "plan", "applied", list, [])),
-        )
+        return cls(mesh, collectives=list(collectives), options=opts, gates=gates,
+                   applied=list(_get(data, "plan", "applied", list, [])),
+                   sections=read)  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str) -> ShardPlan:
@@ -435,13 +542,10 @@ class ShardPlan:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.table()
-        for b in self.experts:
-            yield Text(f"experts at '{b.router}': {b.reason}")
-        for i, s in enumerate(self.stages):
-            yield Text(
-                f"stage {i}: '{s.first}' .. '{s.last}', {s.weight_bytes:,} bytes of weights, "
-                f"{s.flops:,} FLOPs; sends {', '.join(map(repr, s.sends)) or 'the outputs'}"
-            )
+        for section in _sections():  # the decisions are the table; the others a line each
+            for i, entry in enumerate(self.sections.get(section.name, [])):
+                if hasattr(entry, "line"):
+                    yield Text(entry.line(i))
         counts = self.collective_counts()
         if counts:
             yield Text("collectives per step: " + ", ".join(f"{v} {k}" for k, v in counts.items()))

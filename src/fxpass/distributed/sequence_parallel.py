@@ -51,6 +51,7 @@ from .placement import NotShardable, Shard
 from .plan import ShardError
 from .rules import RULES
 from .sites import target_of
+from .strategy import running_context
 from .tensor_parallel import fake_mode, rank_key, repropagate, resolve_rank
 
 __all__ = ["sequence_parallel"]
@@ -224,7 +225,7 @@ def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
     pairs = [(r, w) for r, w in collectives.sum_all_reduces(gm) if not _per_token(r.args[0])]
     if not pairs:
         return 0
-    editor = Editor(pass_name=RULE)
+    editor = running_context(RULE).editor
     seeds: dict[fx.Node, Shard] = {}
     scatter = _Scatter(editor, rank, world_size, pairs[0][0].args[2])
     for reduce, wait in pairs:

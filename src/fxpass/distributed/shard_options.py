@@ -1,6 +1,6 @@
 """The passes a plan's options ask for on the sharded graphs, each gated by size.
 
-After the strategies' rewrites (:data:`~.sharded.STRATEGIES`), each rank runs the passes
+After the strategies' rewrites (:func:`~.strategy.strategies`), each rank runs the passes
 its plan's ``options`` turn on, in this order (:data:`OPTION_PASSES`):
 
 ========================  ======================================  =========================
@@ -34,10 +34,8 @@ import torch
 
 from ..core.contract import FunctionPass
 from ..core.pass_registry import REGISTRY, applies_to
-from ..core.ranges import parse_ranges, to_ranges
-from .plan import OPTIONS, ShardError
 
-__all__ = ["OPTION_PASSES", "OptionPass", "option_passes", "record", "set_options", "tokens_of"]
+__all__ = ["OPTION_PASSES", "OptionPass", "option_passes", "record", "tokens_of"]
 
 
 @dataclass(frozen=True)
@@ -160,40 +158,4 @@ def record(plan: Any, reports: list[Any]) -> list[dict[str, Any]]:
             notes = [n for r in records for n in r.notes]
             entry["why"] = "found nothing to change" + (f": {notes[0]}" if notes else "")
         out.append(entry)
-    return out
-
-
-def set_options(plan: Any, sp: Any, fuse: Any, bucket: Any, async_tp: Any,
-                 gates: Any) -> None:  # fmt: skip
-    """The options given override the plan's (None: keep the plan's)."""
-    from .bucket_collectives import DEFAULT_THRESHOLD
-
-    for key, value in (("sequence_parallel", sp), ("fuse", fuse)):
-        if value is not None:
-            plan.options[key] = bool(value)
-    if bucket is not None:
-        plan.options["bucket"] = DEFAULT_THRESHOLD if bucket is True else int(bucket)
-    if async_tp is not None:
-        plan.options["async_tp"] = int(async_tp)
-    for key in ("bucket", "async_tp"):
-        if plan.options[key] < 0:
-            raise ShardError(f"{key} must be >= 0, not {plan.options[key]}")
-    if gates:
-        plan.gates.update(_gates(gates))
-
-
-def _gates(gates: dict[str, Any]) -> dict[str, list[int | None]]:
-    """``{option: (lo, hi)}`` or ``"lo..hi"`` token counts, checked."""
-    out = {}
-    for name, value in gates.items():
-        if name not in OPTIONS:
-            raise ShardError(f"no option {name!r} to gate; options: {', '.join(OPTIONS)}")
-        try:
-            if isinstance(value, str):  # "lo..hi", as in applies_to=tokens:lo..hi
-                rng = parse_ranges(f"tokens:{value}")["tokens"]
-            else:
-                rng = to_ranges({"tokens": value})["tokens"]
-        except ValueError as e:
-            raise ShardError(f"gate for {name}: {e}") from None
-        out[name] = [rng.lo, rng.hi]
     return out

@@ -1,14 +1,13 @@
 """The entry point: ``fxpass.shard(program, world_size)`` gives one program per rank.
 
-The strategies compose over one plan and one mesh (``tp x ep x pp``,
-:mod:`~fxpass.distributed.mesh`). The plan is made (or read) and checked once: the
-program is cut into pipeline stages (:mod:`.stages`) and, per stage, the plan is followed
-into what every rank applies (:func:`~.tensor_parallel.tensor_script`,
-:func:`~.expert_parallel.expert_script`) — a plan that does not fit fails here, before any
-rank is made. Each rank's program is then one :class:`~fxpass.Pipeline` run on its stage's
-program — the strategies' passes (:data:`STRATEGIES`), then the plan's options
-(``sequence_parallel``, ``fuse``) — so every rank gets a :class:`~fxpass.Report` and a
-failed rewrite leaves the input untouched.
+The strategies (:func:`~.strategy.strategies`, one table) compose over one plan and one
+mesh (``tp x ep x pp``, :mod:`~fxpass.distributed.mesh`). The plan is made (or read) once
+by :func:`~.planning.plan_shards` — the mesh resolved, the program cut into pipeline
+stages — and, per stage, followed into what every rank applies (each strategy's
+``prepare``, :class:`Prepared`) — a plan that does not fit fails here, before any rank is made. Each rank's
+program is then one :class:`~fxpass.Pipeline` run on its stage's program — the strategies'
+rewrites, then the plan's options (:mod:`.shard_options`) — so every rank gets a
+:class:`~fxpass.Report` and a failed rewrite leaves the input untouched.
 
 :class:`ShardedPrograms` holds the programs, the plan and the memory each rank keeps;
 :meth:`ShardedPrograms.save` writes ``rank0.pt2`` ... and a ``manifest.json``;
@@ -23,7 +22,7 @@ import copy
 import hashlib
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,32 +32,29 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from torch import fx
 
-from ..core.contract import FunctionPass
 from ..core.pipeline import Pipeline
 from ..core.ranges import compile_range
 from ..core.report import Report
 from ..targets.apply import apply
 from ..targets.export import load, save
-from .analysis import analyze, check_world_size, choose_mesh, graph_and_params
 from .collectives import C10D, DEFAULT_GROUP
 from .consistency import check_ranks
-from .expert_parallel import ExpertScript, expert_parallel, expert_script
-from .mesh import Mesh, MeshError
-from .plan import OPTIONS, PlanError, ShardError, ShardPlan, plural
-from .shard_options import option_passes, record, set_options, tokens_of
-from .stages import PipelineStages, pipeline_stages
-from .tensor_parallel import TensorScript, tensor_parallel, tensor_script
+from .mesh import Mesh
+from .plan import OPTIONS, ShardError, ShardPlan, plural
+from .planning import Planned, plan_shards
+from .shard_options import option_passes, record, tokens_of
+from .stages import PipelineStages
+from .strategy import Survey, strategies, strategy
 
 __all__ = [
     "MANIFEST",
-    "STRATEGIES",
     "ShardedPrograms",
     "collective_counts",
     "init_groups",
     "load_rank",
     "load_stage",
-    "resolve_mesh",
     "shard",
+    "shard_planned",
     "weight_bytes",
 ]
 
@@ -224,110 +220,35 @@ class ShardedPrograms(Sequence):
         return path
 
 
-# ----- the strategies, as passes over one plan ------------------------------------------------
-@dataclass
-class Strategy:
-    """A parallelism the plan can ask for: ``prepare(stage program, plan, experts, staged)``
-    follows the plan once for a stage (None: nothing to do there), ``rewrite(prepared, rank,
-    mesh, group)`` gives the pass each rank runs."""
+class Prepared(Mapping):
+    """The scripts of one stage's program, each prepared on first use (a strategy may read
+    another's: tensor parallelism reads which values hold the experts' partial sums)."""
 
-    name: str
-    prepare: Callable[..., Any]
-    rewrite: Callable[..., Any]
+    def __init__(self, survey: Survey, plan: Any) -> None:
+        self.survey, self.plan = survey, plan
+        self._done: dict[str, Any] = {}
+        self._busy: set[str] = set()
 
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._done:
+            s = strategy(name)
+            if name in self._busy:
+                raise RuntimeError(f"the strategies' preparations read each other: {name}")
+            self._busy.add(name)
+            try:
+                self._done[name] = s.prepare(self.survey, self.plan, self) if s.prepare else None
+            finally:
+                self._busy.discard(name)
+        return self._done[name]
 
-def _prepare_tensor(program: Any, plan: ShardPlan, experts: ExpertScript, staged: bool) -> Any:
-    if plan.mesh.stage_size == 1:
-        return None
-    gm, params = graph_and_params(program)
-    return tensor_script(gm, params, plan, partial=experts.partial, stage=staged)
+    def __iter__(self):
+        return (s.name for s in strategies())
 
-
-def _prepare_experts(program: Any, plan: ShardPlan, experts: ExpertScript, staged: bool) -> Any:
-    return experts if experts.blocks else None
-
-
-def _tensor_pass(script: TensorScript, rank: int, mesh: Mesh, group: str) -> Any:
-    options = {"world_size": mesh.world_size, "rank": rank, "plan": script, "group": group}
-    return FunctionPass(tensor_parallel, "tensor_parallel", options=options)
-
-
-def _expert_pass(script: ExpertScript, rank: int, mesh: Mesh, group: str) -> Any:
-    options = {"world_size": mesh.world_size, "rank": rank, "plan": script}
-    return FunctionPass(expert_parallel, "expert_parallel", options=options)
+    def __len__(self) -> int:
+        return len(strategies())
 
 
-#: The strategies, in the order their passes run on each rank. Pipeline parallelism is
-#: the cut into stages before them (:mod:`.stages`); sequence parallelism and the
-#: collective fusion are the plan's options, run after them.
-STRATEGIES = [
-    Strategy("tensor_parallel", _prepare_tensor, _tensor_pass),
-    Strategy("expert_parallel", _prepare_experts, _expert_pass),
-]
-
-
-# ----- choosing the mesh and the plan ----------------------------------------------------------
-def resolve_mesh(
-    program: Any,
-    world_size: int | None,
-    mesh: Mesh | dict | str | None,
-    tp: int | None,
-    ep: int | None,
-    pp: int | None,
-    plan: ShardPlan | None,
-) -> Mesh:
-    """The mesh asked for (a mesh, dims, a world size, or the plan's), checked for
-    agreement; a world size alone lets :func:`~.analysis.choose_mesh` pick."""
-    try:
-        if isinstance(mesh, str):
-            mesh = Mesh.parse(mesh)
-        elif isinstance(mesh, dict):
-            mesh = Mesh.from_dict(mesh)
-        if any(d is not None for d in (tp, ep, pp)):
-            dims = Mesh(tp or 1, ep or 1, pp or 1)
-            if mesh is not None and mesh != dims:
-                raise ShardError(f"the mesh {mesh} and tp/ep/pp {dims} disagree")
-            mesh = dims
-    except MeshError as e:
-        raise ShardError(str(e)) from None
-    if world_size is not None:
-        check_world_size(world_size)
-    if mesh is not None and world_size is not None and mesh.world_size != world_size:
-        raise ShardError(
-            f"the mesh {mesh} has {plural(mesh.world_size, 'rank')}, not {world_size}; "
-            "give one of them"
-        )
-    if plan is not None:
-        wanted = mesh if mesh is not None else None
-        if wanted is not None and plan.mesh != wanted:
-            raise PlanError(
-                f"the plan is for the mesh {plan.mesh} ({plural(plan.world_size, 'rank')}), "
-                f"not {wanted} ({plural(wanted.world_size, 'rank')}); make a new plan or edit "
-                "its mesh"
-            )
-        if wanted is None and world_size is not None and plan.world_size != world_size:
-            raise PlanError(
-                f"the plan was made for world size {plan.world_size} ({plan.mesh}), not "
-                f"{world_size}; make a new plan or edit its mesh"
-            )
-        return plan.mesh
-    if mesh is not None:
-        return mesh
-    if world_size is None:
-        raise ShardError("give the number of ranks (world_size), a mesh, or tp/ep/pp")
-    return choose_mesh(program, world_size)
-
-
-def _as_plan(plan: Any) -> ShardPlan | None:
-    if plan is None or isinstance(plan, ShardPlan):
-        return plan
-    if isinstance(plan, dict):
-        return ShardPlan.from_dict(plan)
-    if isinstance(plan, (str, Path)):
-        return ShardPlan.load(plan)
-    raise PlanError(f"plan must be a ShardPlan, a dict or a JSON file, not {type(plan).__name__}")
-
-
+# ----- the ranks' programs, from the plan ------------------------------------------------------
 def shard(
     program: torch.export.ExportedProgram | fx.GraphModule | str | Path,
     world_size: int | None = None,
@@ -363,42 +284,55 @@ def shard(
 
     A world size of 1 returns the program unchanged (``[program]``, an empty plan); a
     program with nothing to split raises :class:`ShardError`, and a plan that does not fit
-    the program or the mesh :class:`PlanError` (before any rank is made).
+    the program or the mesh :class:`PlanError` (before any rank is made). It is
+    :func:`~.planning.plan_shards` followed by :func:`shard_planned`.
     """
     if isinstance(program, (str, Path)):
         program = load(program)
-    the_plan = _as_plan(plan)
-    the_mesh = resolve_mesh(program, world_size, mesh, tp, ep, pp, the_plan)
+    planned = plan_shards(program, world_size, mesh=mesh, tp=tp, ep=ep, pp=pp, plan=plan,
+                          sequence_parallel=sequence_parallel, fuse=fuse, bucket=bucket,
+                          async_tp=async_tp, gates=gates, uneven=uneven)  # fmt: skip
+    return shard_planned(planned, group=group, instrument=instrument)
+
+
+def shard_planned(
+    planned: Planned,
+    *,
+    group: str = DEFAULT_GROUP,
+    instrument: Callable[[int], Sequence[Any]] | None = None,
+) -> ShardedPrograms:
+    """One program per rank from a plan made by :func:`~.planning.plan_shards`: the plan
+    followed once per stage by every strategy (:class:`Prepared`; a plan that
+    does not fit fails here, before any rank is made), then each rank's strategies'
+    rewrites and the plan's options run as one :class:`~fxpass.Pipeline` on its stage's
+    program (``group`` and ``instrument`` as for :func:`shard`)."""
+    program, the_plan, the_mesh = planned.program, planned.plan, planned.mesh
     unsharded = weight_bytes(program)
     if the_mesh.world_size == 1:
-        the_plan = ShardPlan(the_mesh, [])
-        if fuse:
-            the_plan.options["fuse"] = True
         options = {**OPTIONS, "group": group}
         out = ShardedPrograms([program], the_plan, [None], unsharded, options)
         out.notes = _notes(out)
         return out
-    if the_plan is None:
-        the_plan = analyze(program, mesh=the_mesh, uneven=uneven)
-    set_options(the_plan, sequence_parallel, fuse, bucket, async_tp, gates)
-    stages = _stages(program, the_plan)
-    prepared = [_prepare(p, the_plan, stages is not None) for p in stages or [program]]
-    if the_mesh.pp == 1 and not the_plan.sharded and not the_plan.experts:
+    staged = planned.stages is not None
+    rewriters = [s for s in strategies() if s.rewrite is not None]
+    scripts = []
+    for stage_program in planned.programs():
+        prepared = Prepared(Survey.of(stage_program, the_mesh, staged=staged), the_plan)
+        scripts.append({s.name: prepared[s.name] for s in rewriters})
+    if not any(getattr(e, "sharded", True) for v in the_plan.sections.values() for e in v):
         raise ShardError(
             f"found no parallel structure to split across {plural(the_mesh.world_size, 'rank')}"
             f": no linear, embedding or expert weight can be cut ({len(the_plan)} looked at); "
             "nothing to shard"
         )
+    named = group if group != DEFAULT_GROUP and the_mesh.pp == 1 else None
     programs, reports = [], []
     for rank in range(the_mesh.world_size):
-        place = the_mesh.place(rank)
-        base = stages[place.stage] if stages is not None else program
-        named = group if the_mesh.pp == 1 else place.group
-        passes = [
-            s.rewrite(prepared[place.stage][s.name], rank, the_mesh, named)
-            for s in STRATEGIES
-            if prepared[place.stage][s.name] is not None
-        ] + option_passes(the_plan, place)
+        place = the_mesh.place(rank, named)
+        base = planned.programs()[place.stage]
+        mine = scripts[place.stage]
+        passes = [s.rewrite(mine[s.name], place) for s in rewriters if mine[s.name] is not None]
+        passes += option_passes(the_plan, place)
         if not passes:
             programs.append(base)
             reports.append(None)
@@ -412,26 +346,9 @@ def shard(
         reports.append(result.report)
     the_plan.applied = record(the_plan, reports)
     options = {**the_plan.options, "group": group}
-    out = ShardedPrograms(programs, the_plan, reports, unsharded, options, stages)
+    out = ShardedPrograms(programs, the_plan, reports, unsharded, options, planned.stages)
     out.notes = _notes(out)
     return out
-
-
-def _stages(program: Any, plan: ShardPlan) -> PipelineStages | None:
-    if plan.mesh.pp == 1:
-        return None
-    if not isinstance(program, torch.export.ExportedProgram):
-        raise ShardError("pipeline stages are cut from an ExportedProgram, not a GraphModule")
-    stages = pipeline_stages(program, plan.mesh.pp, plan=plan.stages or None)
-    plan.stages = stages.stages
-    return stages
-
-
-def _prepare(program: Any, plan: ShardPlan, staged: bool) -> dict[str, Any]:
-    """Follow the plan once for one stage's program: what each strategy's pass applies."""
-    gm, params = graph_and_params(program)
-    experts = expert_script(gm, params, plan, stage=staged)
-    return {s.name: s.prepare(program, plan, experts, staged) for s in STRATEGIES}
 
 
 def _notes(shards: ShardedPrograms) -> list[str]:

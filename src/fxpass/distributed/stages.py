@@ -49,10 +49,12 @@ from torch.utils import _pytree as pytree
 
 from ..edit.editor import Editor
 from ..fxutil.ops import schema_of
-from .plan import ShardError, Stage, plural
+from ..targets.programs import build_program
+from .plan import ShardError, Stage, check_stages, plural
 from .sites import target_of
+from .strategy import Section, Strategy
 
-__all__ = ["PipelineStages", "flops", "pipeline_stages"]
+__all__ = ["STRATEGY", "PipelineStages", "flops", "pipeline_stages"]
 
 aten = torch.ops.aten
 _MATMULS = {aten.mm.default, aten.bmm.default, aten.matmul.default, aten.addmm.default,
@@ -280,16 +282,9 @@ def _stage_program(
     in_spec = pytree.tree_flatten((example, {}))[1]
     out_spec = pytree.tree_flatten(tuple(_val(v) for v in sends))[1]
     call = [ModuleCallEntry("", ModuleCallSignature([], [], in_spec, out_spec))]
-    return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
-        graph_signature=signature,
-        state_dict=state,
-        range_constraints=dict(ep.range_constraints),
-        module_call_graph=call,
-        constants=constants,
-        verifiers=list(ep.verifiers),
-    )
+    return build_program(gm, signature, like=ep, state_dict=state, constants=constants,
+                         range_constraints=dict(ep.range_constraints),
+                         module_call_graph=call)  # fmt: skip
 
 
 @dataclass
@@ -389,3 +384,22 @@ def pipeline_stages(
         cuts = _choose(g, stages)
     programs, found = _split(g, cuts)
     return PipelineStages(programs, found)
+
+
+# ----- the strategy ----------------------------------------------------------------------------
+def _cut(program: Any, plan: Any) -> PipelineStages | None:
+    """The program cut into the plan's stages (chosen here when the plan lists none, and
+    then written into it); None with one stage."""
+    if plan.mesh.pp == 1:
+        return None
+    if not isinstance(program, ExportedProgram):
+        raise ShardError("pipeline stages are cut from an ExportedProgram, not a GraphModule")
+    stages = pipeline_stages(program, plan.mesh.pp, plan=plan.stages or None)
+    plan.stages = stages.stages
+    return stages
+
+
+#: Pipeline parallelism: the program cut into one program per stage, before the other
+#: strategies follow the plan on each stage's program.
+STRATEGY = Strategy("pipeline_stages", order=0, section=Section("stages", Stage, check=check_stages),
+                    split=_cut)  # fmt: skip

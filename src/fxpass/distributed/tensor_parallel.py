@@ -51,17 +51,19 @@ from ..fxutil.ops import schema_of
 from ..fxutil.paths import find_path
 from ..fxutil.values import fake_value
 from ..rewrite.metadata import MetaPropagator
-from ..targets.export import program_context
 from . import collectives
-from .analysis import check_world_size, collectives_of
+from .analysis import check_world_size, collectives_of, tensor_decisions
 from .collectives import Inserter
 from .mesh import Mesh, Place
 from .placement import Shard, local_slice
-from .plan import PlanError, ShardError, ShardPlan, plural
+from .plan import Decision, PlanError, ShardError, ShardPlan, plural
 from .propagate import Flow, Refused
 from .sites import Params, Site, find_sites, target_of
+from .strategy import Section, Strategy, StrategyPass, Survey, running_context
 
 __all__ = [
+    "STRATEGY",
+    "TensorParallelRank",
     "TensorScript",
     "apply_script",
     "fake_mode",
@@ -330,10 +332,14 @@ def _slice_in_graph(editor: Editor, node: fx.Node, shard: Shard, place: Place) -
         editor.replace_input(u, node, out, rule=RULE)
 
 
-def replace_weight(gm: fx.GraphModule, node: fx.Node, new: torch.Tensor, mode: Any) -> bool:
+def replace_weight(
+    gm: fx.GraphModule, node: fx.Node, new: torch.Tensor, mode: Any, program: Any
+) -> bool:
     """Put ``new`` where the graph keeps ``node``'s tensor (and its fake value in
-    ``meta['val']``); False when the graph has no tensor for it (its weights are inputs)."""
-    ctx = program_context()
+    ``meta['val']``): a ``get_attr``'s attribute, or the state of ``program`` (the run's
+    ``PassContext.program``) for a parameter; False when the graph has no tensor for it
+    (its weights are inputs)."""
+    ctx = program
     if node.op == "get_attr":
         owner_path, _, attr = str(node.target).rpartition(".")
         owner = find_path(gm, owner_path) if owner_path else gm
@@ -354,13 +360,13 @@ def replace_weight(gm: fx.GraphModule, node: fx.Node, new: torch.Tensor, mode: A
     return True
 
 
-def current_weight(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
-    """The tensor behind a weight node: a ``get_attr``, or a program's parameter."""
+def current_weight(gm: fx.GraphModule, node: fx.Node, program: Any) -> torch.Tensor | None:
+    """The tensor behind a weight node: a ``get_attr``, or a parameter of ``program`` (the
+    run's ``PassContext.program``)."""
     if node.op == "get_attr":
         value = find_path(gm, str(node.target))
         return value if isinstance(value, torch.Tensor) else None
-    ctx = program_context()
-    return ctx.value(node) if ctx is not None else None
+    return program.value(node) if program is not None else None
 
 
 def fake_mode(gm: fx.GraphModule) -> Any:
@@ -374,12 +380,17 @@ def fake_mode(gm: fx.GraphModule) -> Any:
 
 
 def _slice_weights(
-    editor: Editor, gm: fx.GraphModule, layouts: Mapping[fx.Node, Shard], place: Place, mode: Any
+    editor: Editor,
+    gm: fx.GraphModule,
+    layouts: Mapping[fx.Node, Shard],
+    place: Place,
+    mode: Any,
+    program: Any,
 ) -> tuple[int, int]:
     """Slice every sharded weight; returns (bytes before, bytes after) of those weights."""
     before = after = 0
     for node, shard in layouts.items():
-        value = current_weight(gm, node)
+        value = current_weight(gm, node, program)
         if value is None:
             _slice_in_graph(editor, node, shard, place)
             continue
@@ -387,7 +398,7 @@ def _slice_weights(
         new = local_slice(value.detach(), shard, index, count)
         before += value.numel() * value.element_size()
         after += new.numel() * new.element_size()
-        replace_weight(gm, node, new, mode)
+        replace_weight(gm, node, new, mode, program)
     return before, after
 
 
@@ -420,10 +431,11 @@ def repropagate(gm: fx.GraphModule, mode: Any, changed: set[fx.Node] | None = No
             changed.add(node)
 
 
-def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place) -> None:
+def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place, ctx: Any) -> None:
     """Rewrite ``gm`` in place into the graph of the rank at ``place`` (see the module
-    docstring)."""
-    editor = Editor(pass_name=RULE)
+    docstring), through the run's editor (``ctx.editor``), slicing the weights of the
+    program it runs on (``ctx.program``)."""
+    editor = ctx.editor
     nodes = {n.name: n for n in gm.graph.nodes}
     for name, where, value in script.edits:
         _edit(editor, nodes[name], where, value)
@@ -446,7 +458,7 @@ def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place) -> None
         _local_slice(editor, nodes[reader], nodes[value], shard, place)
     mode = fake_mode(gm)
     layouts = {nodes[n]: s for n, s in script.layouts.items()}
-    before, after = _slice_weights(editor, gm, layouts, place, mode)
+    before, after = _slice_weights(editor, gm, layouts, place, mode, ctx.program)
     repropagate(gm, mode, set(layouts))
     gm.graph.lint()
     stat("sharded_weights", len(layouts))
@@ -456,19 +468,14 @@ def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place) -> None
 
 
 # ----- the pass --------------------------------------------------------------------------------
-def script_for(gm: fx.GraphModule, plan: Any, world_size: int) -> TensorScript:
-    """The script of ``plan`` (a ShardPlan, a script prepared by ``fxpass.shard``, or None:
-    analyze the graph)."""
-    from .analysis import _Analysis
-    from .experts import find_blocks
-
-    if isinstance(plan, TensorScript):
-        return plan
-    ctx = program_context()
-    params = Params(gm, ctx.signature if ctx is not None else None)
-    if plan is None:
-        blocks = find_blocks(gm, params)[0]
-        plan = _Analysis(gm, params, Mesh(tp=world_size), "error", blocks).run()
+def script_for(gm: fx.GraphModule, plan: ShardPlan | None, world_size: int,
+               program: Any) -> TensorScript:  # fmt: skip
+    """The script of ``plan`` (None: analyze the graph) for ``gm`` of ``program`` (the
+    run's ``PassContext.program``: which placeholders are weights)."""
+    params = Params(gm, program.signature if program is not None else None)
+    if plan is None:  # tensor parallelism alone: its section of a plan made here
+        plan = ShardPlan(Mesh(tp=world_size))
+        plan.decisions = tensor_decisions(Survey(gm, gm, params, plan.mesh), plan)
     if plan.world_size != world_size:
         raise PlanError(
             f"the plan was made for the mesh {plan.mesh}, not {plural(world_size, 'rank')}; "
@@ -482,16 +489,19 @@ def script_for(gm: fx.GraphModule, plan: Any, world_size: int) -> TensorScript:
     return tensor_script(gm, params, plan)
 
 
+STATISTICS = {
+    "sharded_weights": "weights cut across ranks",
+    "collectives": "collectives inserted",
+    "weight_bytes_unsharded": "bytes of the sharded weights, whole",
+    "weight_bytes_rank": "bytes of the sharded weights on this rank",
+}
+
+
 @REGISTRY.register(
     "tensor_parallel",
     origin="fxpass",
     keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
-    statistics={
-        "sharded_weights": "weights cut across ranks",
-        "collectives": "collectives inserted",
-        "weight_bytes_unsharded": "bytes of the sharded weights, whole",
-        "weight_bytes_rank": "bytes of the sharded weights on this rank",
-    },
+    statistics=STATISTICS,
 )
 def tensor_parallel(
     gm: fx.GraphModule,
@@ -512,12 +522,49 @@ def tensor_parallel(
     check_world_size(world_size)
     if world_size == 1:
         return False
-    the_plan = ShardPlan.load(plan) if isinstance(plan, str) and plan else plan or None
-    script = script_for(gm, the_plan, world_size)
+    if not isinstance(plan, str):
+        raise TypeError(f"tensor_parallel: plan is a plan JSON file, not {type(plan).__name__}")
+    ctx = running_context("tensor_parallel")
+    script = script_for(gm, ShardPlan.load(plan) if plan else None, world_size, ctx.program)
     mesh = script.mesh or Mesh(tp=world_size)
     named = group != collectives.DEFAULT_GROUP and mesh.pp == 1
-    apply_script(gm, script, mesh.place(rank, group if named else None))
+    apply_script(gm, script, mesh.place(rank, group if named else None), ctx)
     return True
+
+
+# ----- the strategy ----------------------------------------------------------------------------
+class TensorParallelRank(StrategyPass):
+    """One rank's tensor-parallel rewrite in ``fxpass.shard``: the stage's script and the
+    rank's place, typed (the registered ``tensor_parallel`` reads a plan file instead)."""
+
+    name = "tensor_parallel"
+    keeps = frozenset({"val", "stack_trace", "nn_module_stack", "provenance"})
+    statistics = STATISTICS
+
+    def __init__(self, script: TensorScript, place: Place) -> None:
+        self.script, self.place = script, place
+
+    def apply(self, gm: fx.GraphModule, ctx: Any) -> bool:
+        apply_script(gm, self.script, self.place, ctx)
+        return True
+
+
+def _prepare(survey: Survey, plan: ShardPlan, scripts: Any) -> TensorScript | None:
+    if plan.mesh.stage_size == 1:
+        return None
+    experts = scripts["expert_parallel"]
+    partial = experts.partial if experts is not None else []
+    return tensor_script(survey.gm, survey.params, plan, partial=partial, stage=survey.staged)
+
+
+STRATEGY = Strategy(
+    "tensor_parallel",
+    order=10,
+    section=Section("decisions", Decision, required=True),
+    analyze=tensor_decisions,
+    prepare=_prepare,
+    rewrite=TensorParallelRank,
+)
 
 
 def rank_key(*, world_size: int = 0, rank: int = -1, **_: Any) -> str:

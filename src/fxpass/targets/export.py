@@ -22,8 +22,11 @@ The user's program is never edited: the result is a new ``ExportedProgram`` (or 
 object when nothing changed), built with ``ExportedProgram``'s own constructor, which
 validates it. A pass that fails leaves nothing behind.
 
-Passes reach the program they run on with :func:`program_context` (its parameters' values,
-which placeholder is which), so they never need to touch a spec.
+Passes reach the program they run on through their context, ``PassContext.program`` (a
+:class:`ProgramContext`: its parameters' values, which placeholder is which), so they never
+need to touch a spec; a pass that is not handed its context (a user's function pass) reads
+the same object with :func:`program_context`. The new program is built by
+:mod:`fxpass.targets.programs`, the one place an ExportedProgram is built.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from ..fxutil.fx_internals import (
     make_lazy_module,
 )
 from ..fxutil.paths import del_path, find_path
+from .programs import updated_program
 from .pt2 import load as _load_pt2
 from .runner import Runner
 
@@ -334,7 +338,8 @@ def run_on_program(
     work.meta[EXPORTED_META] = True  # e.g. partition then calls submodules as export does
     try:
         with _activate(ctx):
-            result = runner.run(work, _graph_inputs(ep, sample_inputs), debug_counter=debug_counter)
+            result = runner.run(work, _graph_inputs(ep, sample_inputs),
+                                debug_counter=debug_counter, program=ctx)  # fmt: skip
     finally:
         work.meta.pop(EXPORTED_META, None)
     if not result.modified:
@@ -363,7 +368,7 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
     _fill_missing_vals(gm)
     try:
         with lazy_exported_programs():  # code generated when the program is run or saved
-            program = _new_program(ep, ctx, gm, signature)
+            program = updated_program(ep, gm, signature, ctx.state_dict, ctx.constants)
     except Exception as e:
         raise SignatureError(
             f"after the passes the graph no longer forms a valid ExportedProgram: "
@@ -371,24 +376,6 @@ def _rebuild(ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule) -> Ex
         ) from e
     program.graph_module.meta.update(ep.graph_module.meta)
     return program
-
-
-def _new_program(
-    ep: ExportedProgram, ctx: ProgramContext, gm: fx.GraphModule, signature: ExportGraphSignature
-) -> ExportedProgram:
-    from torch.export.exported_program import _get_updated_range_constraints
-
-    return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
-        graph_signature=signature,
-        state_dict=ctx.state_dict,
-        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
-        module_call_graph=_module_call_graph(ep, signature),
-        example_inputs=ep.example_inputs,
-        constants=ctx.constants,
-        verifiers=list(ep.verifiers),
-    )
 
 
 def _fill_missing_vals(gm: fx.GraphModule) -> None:
@@ -565,21 +552,6 @@ def _drop_unused_state(ctx: ProgramContext, input_specs: list[InputSpec]) -> Non
             if any(s.target == key for s in ctx.signature.input_specs):
                 del store[key]
                 ctx.notes.append(f"dropped '{key}' (its input was removed)")
-
-
-def _module_call_graph(ep: ExportedProgram, signature: ExportGraphSignature) -> list[Any]:
-    """The module call graph with the root's input and output names brought up to date."""
-    old_sig = ep.graph_signature
-    rename = dict(zip(old_sig.user_inputs, signature.user_inputs))
-    rename.update(zip(old_sig.user_outputs, signature.user_outputs))
-    entries = copy_sharing_specs(ep.module_call_graph)
-    for entry in entries:
-        if entry.signature is None:
-            continue
-        for arg in [*entry.signature.inputs, *entry.signature.outputs]:
-            if getattr(arg, "name", None) in rename and rename[arg.name] is not None:
-                arg.name = rename[arg.name]
-    return entries
 
 
 # ----- files -----------------------------------------------------------------------------------

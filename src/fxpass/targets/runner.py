@@ -76,12 +76,14 @@ class Runner:
         debug_counter: DebugCounter | None = None,
         key_inputs: Sequence[Any] | None = None,
         where: Mapping[str, str] | None = None,
+        program: Any = None,
     ) -> PassResult:
         """Run the pipeline on ``gm`` (or restore its cached result) and keep its report.
 
         ``key_inputs`` stand for ``sample_inputs`` in the cache key (a target passes
         metadata-only stand-ins for inputs whose values cannot matter); ``where`` adds to
-        the report's labels for this run (e.g. ``{"graph": "backward"}``)."""
+        the report's labels for this run (e.g. ``{"graph": "backward"}``); ``program`` is
+        what the graph belongs to (``PassContext.program``)."""
         pipeline = self.pipeline
         where = {**self._where(pipeline), **(where or {})}
         inputs = sample_inputs if key_inputs is None else key_inputs
@@ -92,8 +94,9 @@ class Runner:
         if tracing():
             instruments.append(StructuredTrace(run_label(where.get("pipeline", ""), where)))
         result = pipeline.run(
-            gm, sample_inputs, instrument=instruments, debug_counter=debug_counter
-        )
+            gm, sample_inputs, instrument=instruments, debug_counter=debug_counter,
+            program=program,
+        )  # fmt: skip
         report = result.report
         if report is not None:
             report.where.update(where)
