@@ -199,3 +199,29 @@ def test_a_pass_that_finds_nothing_names_its_closest_near_miss_in_one_line():
 def test_a_near_miss_inside_a_cond_branch_names_the_branch():
     note = _note(rules("mul_one", [_MUL_ONE]), _ReluTimesTwoInACond())
     assert "closest near miss: 'mul_one' at %mul in true_graph_0: literal differs" in note
+
+
+def test_a_hint_scans_for_near_misses_only_when_read(monkeypatch):
+    """The rewriter leaves the near-miss scan to the first reader of the hint: a pipeline
+    whose report nobody reads does not pay for it; the text is the same when read."""
+    import sys
+    from pathlib import Path
+
+    import fxpass as fp
+
+    # the module (the package's attribute of that name is the function)
+    explain_mod = sys.modules["fxpass.rewrite.explain"]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+    from cli_targets import strict_add_norm, tiny_fp32
+
+    scans = []
+    real = explain_mod.near_misses
+    monkeypatch.setattr(
+        explain_mod, "near_misses", lambda *a, **k: scans.append(1) or real(*a, **k)
+    )
+    report = fp.Pipeline([strict_add_norm]).run(tiny_fp32().graph_module).report
+    assert scans == []  # the pass ran, nothing read its hint yet
+    (hint,) = report.find("strict_add_norm").hints
+    text = str(hint)
+    assert scans and "rule 'strict' was tried at" in text and "3 near misses" in text
+    assert str(hint) == text

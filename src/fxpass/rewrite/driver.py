@@ -44,7 +44,7 @@ from ..fxutil.dialect import spellings
 from ..fxutil.fx_internals import is_erased, sort_key
 from ..fxutil.subgraphs import control_flow_subgraphs
 from ._state import MatchState
-from .explain import NearMissHint, explain, near_misses, why_nothing
+from .explain import NearMissHint, explain, why_nothing
 from .interpreted import Interpreter
 from .match import Matcher, RuleStats
 from .reach import Reach
@@ -297,13 +297,13 @@ def _report(result: RewriteResult, matcher: Matcher, graphs: list[tuple[str, fx.
         return
     record = ctx.record
     if record is not None:
-        graph = graphs[0][1]  # a hint re-asks at its misses later, in the one graph it names
+        graph = graphs[0][1]  # a hint looks for its misses when read, in the one graph it names
         for rule in matcher.rules:
             s = result.stats.get(rule.name)
             if s is not None and s.tried >= MANY and s.matched <= FEW * s.tried:
-                hint = NearMissHint(rule, s.tried, s.matched, near_misses(rule, graph))
-                if hint:
-                    record.hints.append(hint)
+                # lazy: the scan replays the rule at up to 64 candidates, and most reports
+                # are never read; an empty hint is left out when the report is shown
+                record.hints.append(NearMissHint(rule, s.tried, s.matched, graph=graph))
         if not result.rewrites and matcher.rules:
             note = why_nothing(matcher.rules, result.stats, graphs)
             if note not in record.notes:  # a fixpoint reruns the pass into the same record

@@ -242,11 +242,31 @@ class NearMissHint(UserString):
     empty and the report leaves it out. It reads as its text (a ``str`` work-alike); copied or
     pickled, it is that text."""
 
-    def __init__(self, rule: Rule, tried: int, matched: int, misses: list[Explanation]) -> None:
-        self.rule, self.tried, self.matched, self.misses = rule, tried, matched, misses
+    def __init__(
+        self,
+        rule: Rule,
+        tried: int,
+        matched: int,
+        misses: list[Explanation] | None = None,
+        *,
+        graph: fx.Graph | None = None,
+    ) -> None:
+        self.rule, self.tried, self.matched, self._misses = rule, tried, matched, misses
+        self._graph = graph
+
+    @property
+    def misses(self) -> list[Explanation]:
+        """The near misses, found in ``graph`` at the first read when none were given: a
+        pass that made the hint does not pay for the scan unless someone reads it."""
+        if self._misses is None:
+            graph, self._graph = self._graph, None
+            self._misses = near_misses(self.rule, graph) if graph is not None else []
+        return self._misses
 
     def pending(self) -> list[Explanation]:
         """The near misses that are near misses still, in the graph as it is now."""
+        if self._misses is None:  # found now, in the graph as it is now: all pending
+            return self.misses
         alive = [e.node for e in self.misses if not is_erased(e.node)]
         return near_misses(self.rule, alive[0].graph, among=alive) if alive else []
 

@@ -95,6 +95,7 @@ def _candidate(node: fx.Node) -> bool:
     statistics={"merged": "nodes replaced by an identical earlier node"},
     keeps="all",
     preserves=(positions, aliasing),
+    edits="editor",
 )
 def cse(gm: fx.GraphModule) -> bool:
     """Merge nodes that compute the same pure value from the same inputs.

@@ -63,6 +63,7 @@ def _dead_store(node: fx.Node, info: AliasInfo, keep_rng: bool) -> bool:
     statistics={"removed": "nodes erased because nothing used them"},
     keeps="all",
     preserves=(positions, users, aliasing, fake_values),
+    edits="editor",
 )
 def dce(gm: fx.GraphModule, *, keep_rng: bool = True) -> bool:
     """Remove nodes whose results nobody uses and that have no effect.

@@ -72,6 +72,7 @@ def _erase_in_place(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) 
         "copies_erased": "copies removed",
     },
     keeps="all",
+    edits="editor",
 )
 def erase_copy(gm: fx.GraphModule) -> bool:
     """Forward copies' sources to their readers; drop copies nothing can observe.

@@ -54,6 +54,7 @@ def _feeds_only_checks(node: Node) -> bool:
     },
     keeps="all",
     preserves=(positions, aliasing, fake_values),
+    edits="editor",
 )
 def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
     """Remove export's assertion nodes, so patterns see the computation they guard.

@@ -33,6 +33,7 @@ def _is_detach(node: fx.Node) -> bool:
     statistics={"removed": "detach calls replaced by their input"},
     keeps="all",
     preserves=(positions, aliasing),
+    edits="editor",
 )
 def remove_detach(gm: fx.GraphModule) -> bool:
     """Replace ``detach`` (``aten.detach``, ``detach_copy``, ``detach_``, ``Tensor.detach``)

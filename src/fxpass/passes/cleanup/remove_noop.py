@@ -116,6 +116,7 @@ def _view_is_noop(node: fx.Node, src: fx.Node) -> bool:
     },
     keeps="all",
     preserves=(positions, aliasing),
+    edits="editor",
 )
 def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
     """Remove views, reshapes, expands, conversions, copies and dropouts that change nothing.

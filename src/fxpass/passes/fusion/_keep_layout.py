@@ -24,7 +24,7 @@ from ...rewrite.constraint import value_of
 
 aten = torch.ops.aten
 
-__all__ = ["fake_result", "keep_layout"]
+__all__ = ["call", "fake_result", "keep_layout"]
 
 
 def _node(v: Any) -> Any:
@@ -34,6 +34,16 @@ def _node(v: Any) -> Any:
 #: A fused op's fake kernel that cannot run on a site's values declines the site (the
 #: failure is kept in ``failures`` and logged), it does not fail the pass.
 _FAKE = FakeEvaluator(strictness=Strictness.LENIENT, new_mode=False, owner="fusion")
+
+
+def call(op: Any, *args: Any) -> Any:
+    """``op(*args)`` in a replacement: where an argument is a proxy, the node is made by its
+    tracer straight away — what ``op``'s dispatch to ``Proxy.__torch_function__`` ends in,
+    without torch's dispatch (a few percent of a fused rewrite)."""
+    for a in args:
+        if isinstance(a, Proxy):
+            return a.tracer.create_proxy("call_function", op, args, {})
+    return op(*args)
 
 
 def fake_result(op: Any, *args: Any) -> Any:

@@ -10,7 +10,7 @@ from torch import fx
 from ...core.pass_registry import register
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.rule import Rule
-from ._keep_layout import fake_result, keep_layout
+from ._keep_layout import call, fake_result, keep_layout
 from ._norm_patterns import add_ok, norm_ok, residual_add, rms_norm, scalars
 
 __all__ = ["RULES", "fuse_add_rmsnorm"]
@@ -23,7 +23,7 @@ def _fused_add_rms_norm(
     x: Any, residual: Any, w: Any, eps: float, out: Any, sum: Any, offset: float = 0.0
 ) -> Any:
     args = (x, residual, w, *scalars(eps, offset))
-    fused = _FUSED(*args)
+    fused = call(_FUSED, *args)
     vals = fake_result(_FUSED, *args) or (None, None)
     normed = keep_layout(fused[0], vals[0], out)
     total = keep_layout(fused[1], vals[1], sum)

@@ -13,7 +13,7 @@ from ...rewrite.constraint import value_of
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.pattern import P
 from ...rewrite.rule import Rule
-from ._keep_layout import fake_result, keep_layout
+from ._keep_layout import call, fake_result, keep_layout
 from ._norm_patterns import (
     GETITEM,
     add_ok,
@@ -34,7 +34,7 @@ def _from_fused(
     x: Any, residual: Any, w: Any, scale: Any, eps: float, offset: float, fused: Any, match: Any
 ) -> Any:
     args = (x, residual, w, scale, *scalars(eps, offset))
-    out = _QUANT(*args)
+    out = call(_QUANT, *args)
     vals = fake_result(_QUANT, *args) or (None, None)
     old = value_of(fused.node)
     old_sum = old[1] if isinstance(old, (tuple, list)) and len(old) == 2 else None
@@ -51,7 +51,7 @@ def _from_spelled(
     x: Any, residual: Any, w: Any, scale: Any, eps: float, offset: float = 0.0, **b: Any
 ) -> Any:
     args = (x, residual, w, scale, *scalars(eps, offset))
-    out = _QUANT(*args)
+    out = call(_QUANT, *args)
     vals = fake_result(_QUANT, *args) or (None, None)
     quantized = keep_layout(out[0], vals[0], b["match"].root)
     total = keep_layout(out[1], vals[1], b["sum"])

@@ -11,7 +11,7 @@ from ...core.pass_registry import register
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.pattern import P
 from ...rewrite.rule import Rule
-from ._keep_layout import fake_result, keep_layout
+from ._keep_layout import call, fake_result, keep_layout
 from ._norm_patterns import norm_ok, rms_norm, scalars
 
 __all__ = ["RULES", "fuse_rmsnorm"]
@@ -22,7 +22,7 @@ _RMS = torch.ops.fxpass.rms_norm.default
 
 def _fused_rms_norm(x: Any, w: Any, eps: float, out: Any, offset: float = 0.0) -> Any:
     args = (x, w, *scalars(eps, offset))
-    return keep_layout(_RMS(*args), fake_result(_RMS, *args), out)
+    return keep_layout(call(_RMS, *args), fake_result(_RMS, *args), out)
 
 
 def _is_norm(**b: Any) -> bool:
