@@ -40,7 +40,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from .core.context import current_context
+from .core.context import PassContext, current_context
 from .core.contract import Pass, PassResult
 from .edit.editor import Editor
 from .edit.location import source_location
@@ -178,8 +178,10 @@ class InterpreterPass(Pass):
         return node
 
     # ----- running -------------------------------------------------------------------------
-    def call(self, gm: fx.GraphModule) -> PassResult:
-        self._setup(gm)
+    def call(self, gm: fx.GraphModule, ctx: PassContext | None = None) -> PassResult:
+        """Interpret ``gm`` into a new graph; ``ctx``: the run's context (None, as from a
+        subclass's ``call(gm)`` that did not ask for it: the run in progress, if any)."""
+        self._setup(gm, ctx)
         try:
             for node in gm.graph.nodes:
                 self._visit(node)
@@ -189,7 +191,7 @@ class InterpreterPass(Pass):
         finally:
             self._teardown()
 
-    def _setup(self, gm: fx.GraphModule) -> None:
+    def _setup(self, gm: fx.GraphModule, ctx: PassContext | None) -> None:
         self._gm = gm
         self._graph = empty_graph_like(gm.graph)
         self._env: dict[fx.Node, Any] = {}
@@ -203,8 +205,10 @@ class InterpreterPass(Pass):
         self._last_constant: fx.Node | None = None
         self._mode = self._find_fake_mode(gm)
         self._fake = FakeEvaluator(self._mode, owner=type(self).__name__)
-        ctx = current_context()
-        self._editor = Editor(ctx, self.name)  # asks the run, tells it what was rewritten
+        if ctx is None:
+            ctx = current_context()
+        # asks the run, tells it what was rewritten
+        self._editor = ctx.editor.naming(self.name) if ctx is not None else Editor(None, self.name)
         # builds the new graph, which no run watches until it replaces the old one
         self._build = Editor(None, self.name)
         inputs = ctx.sample_inputs if ctx is not None else None

@@ -65,12 +65,7 @@ __all__ = [
     "EditListener",
     "Editor",
     "active_listener",
-    "allow",
-    "erase",
     "listening",
-    "new_node_meta",
-    "notify",
-    "replace_all_uses",
 ]
 
 _CURRENT: Any = object()
@@ -194,6 +189,25 @@ class Editor:
         self.ctx = _LISTENER.get() if ctx is _CURRENT else ctx
         self._name = pass_name
         self._open: Change | None = None
+
+    @classmethod
+    def current(cls, pass_name: str | None = None) -> Editor:
+        """An editor for code no context was handed to: bound to the run in progress in this
+        thread (the listener :func:`listening` installed), or to nobody outside a run.
+
+        The one way to get an editor without a context: a public helper a user calls on a
+        bare GraphModule (``fxpass.rewrite.rewrite``, ``replace_pattern``) or code torch
+        calls back with no way to pass one. A pass is handed its context and edits through
+        ``ctx.editor``; a graph no run watches is edited with ``Editor(None)``.
+        """
+        return cls(_LISTENER.get(), pass_name)
+
+    def naming(self, pass_name: str | None) -> Editor:
+        """An editor reporting to the same run that records ``pass_name`` (None: the running
+        pass) in new nodes' provenance; this one when it already does."""
+        if pass_name == self._name:
+            return self
+        return Editor(self.ctx, pass_name)
 
     @property
     def pass_name(self) -> str:
@@ -542,28 +556,3 @@ def _read_by(args: Any, kwargs: Any = None) -> list[fx.Node]:
 
 
 _NAMES: dict[int, tuple[Any, str]] = {}  # id(target) -> (target, the node name torch gives it)
-
-
-def allow() -> bool:
-    """:meth:`Editor.allow` for the running pass."""
-    return Editor().allow()
-
-
-def notify(kind: str, rule: str, old: Sequence[fx.Node] = (), new: Sequence[fx.Node] = ()) -> None:
-    """:meth:`Editor.notify` for the running pass."""
-    Editor().notify(kind, rule, old, new)
-
-
-def replace_all_uses(node: fx.Node, new: fx.Node, rule: str, *, erase_old: bool = True) -> None:
-    """:meth:`Editor.replace_all_uses` for the running pass."""
-    Editor().replace_all_uses(node, new, rule, erase_old=erase_old)
-
-
-def erase(node: fx.Node, rule: str) -> None:
-    """:meth:`Editor.erase` for the running pass."""
-    Editor().erase(node, rule)
-
-
-def new_node_meta(new: fx.Node, replaced: Sequence[fx.Node], rule: str, pass_name: str) -> None:
-    """:meth:`Editor.mark_new` for one node, recorded under ``pass_name``."""
-    Editor(pass_name=pass_name).mark_new([new], replaced, rule)

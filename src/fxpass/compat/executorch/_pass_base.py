@@ -247,7 +247,12 @@ class ExportPass(InterpreterPass):
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         self.requires(gm)
-        result = self.call(gm)
+        # ExecuTorch's call(graph_module) takes no context: the hooks find it here
+        outer, self._ctx = self.__dict__.get("_ctx"), ctx
+        try:
+            result = self.call(gm)
+        finally:
+            self._ctx = outer
         self.ensures(gm)  # ExecuTorch checks the module it was given
         self._claimed = getattr(result, "modified", None)
         return result
@@ -318,7 +323,10 @@ class ExportPass(InterpreterPass):
         self.interpreter = _interpreter()
         self._graph, self._env, self._changed = tracer.graph, {}, False
         self._current = self._meta_for = None
-        self._editor = Editor(current_context(), self.name)
+        # the context execute was handed; a call from outside a run's execute (ExecuTorch's
+        # own code calling call(graph_module)) reports to the run in progress, if any
+        ctx = self.__dict__.get("_ctx") or current_context()
+        self._editor = ctx.editor.naming(self.name) if ctx is not None else Editor(None, self.name)
         self._build = Editor(None, self.name)  # builds the tracer's new graph: no run watches it
         data = fake_data(inputs)
         try:
