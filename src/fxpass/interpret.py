@@ -253,7 +253,7 @@ class InterpreterPass(Pass):
             new.meta.update(node.meta)
             self._env[node] = ProxyValue(new, node.meta.get("val"), exact=True)
         else:
-            self._rewrite(node)
+            self.rewrite_node(node)
 
     def _input_value(self, node: fx.Node, index: int) -> Any:
         if "val" in node.meta:
@@ -269,7 +269,9 @@ class InterpreterPass(Pass):
             "pass sample_inputs (one per placeholder)"
         )
 
-    def _rewrite(self, node: fx.Node) -> None:
+    def rewrite_node(self, node: fx.Node) -> None:
+        """Run the hooks on one ``call_function`` node into the new graph (for a subclass
+        that walks the graph itself, as ExecuTorch's ``ExportPass`` does)."""
         args = fx.node.map_arg(node.args, self._env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, self._env.__getitem__)
         mark = last_node(self._graph)
@@ -328,7 +330,7 @@ class InterpreterPass(Pass):
     def _emit_node(self, kind: str, target: Any, args, kwargs, meta) -> ProxyValue:
         old = self._current
         same = old is not None and old.op == kind and old.target is target
-        copied, exact, reuse = self._same_inputs(old, args, kwargs) if same else (False,) * 3
+        copied, exact, reuse = self.same_inputs(old, args, kwargs) if same else (False,) * 3
         node_args = pytree.tree_map(self._as_arg, args)
         node_kwargs = pytree.tree_map(self._as_arg, kwargs)
         name = old.name if same else None
@@ -348,7 +350,7 @@ class InterpreterPass(Pass):
         node.meta["val"] = val
         return ProxyValue(node, val, copy=copied)
 
-    def _same_inputs(self, old: fx.Node, args, kwargs) -> tuple[bool, bool, bool]:
+    def same_inputs(self, old: fx.Node, args, kwargs) -> tuple[bool, bool, bool]:
         """Whether ``args``/``kwargs`` are the new values of the old node's inputs
         (``copied``); whether, besides, each of them is an unchanged copy (``exact``); and
         whether the old node's fake value still stands for the result (``reuse``: every new

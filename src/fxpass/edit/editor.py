@@ -99,8 +99,11 @@ class EditListener(Protocol):
     def notify(self, event: ChangeEvent) -> None: ...
 
 
+#: The run in progress: its context, as the listener of editors made without one. The one
+#: context variable of a pass run; what reads it is code no context was handed to (a pass
+#: that did not ask for ``ctx``, a public helper on a bare graph, torch calling back).
 _LISTENER: contextvars.ContextVar[EditListener | None] = contextvars.ContextVar(
-    "fxpass_edit_listener", default=None
+    "fxpass_context", default=None
 )
 
 

@@ -323,8 +323,7 @@ class ExportPass(InterpreterPass):
         self.interpreter = _interpreter()
         self._graph, self._env, self._changed = tracer.graph, {}, False
         self._current = self._meta_for = None
-        # the context execute was handed; a call from outside a run's execute (ExecuTorch's
-        # own code calling call(graph_module)) reports to the run in progress, if any
+        # the context execute was handed; called from elsewhere, the run in progress's
         ctx = self.__dict__.get("_ctx") or current_context()
         self._editor = ctx.editor.naming(self.name) if ctx is not None else Editor(None, self.name)
         self._build = Editor(None, self.name)  # builds the tracer's new graph: no run watches it
@@ -361,7 +360,7 @@ class ExportPass(InterpreterPass):
     def _run_node(self, gm: fx.GraphModule, node: fx.Node, args: Any) -> None:
         op = node.op
         if op == "call_function":
-            self._rewrite(node)
+            self.rewrite_node(node)
         elif op == "placeholder":
             self._env[node] = self._input(node, args)
         elif op == "get_attr":
@@ -476,7 +475,7 @@ class ExportPass(InterpreterPass):
             and "val" in old.meta
             and _emitted_by(target, old)
         ):
-            copied, exact, reuse = self._same_inputs(old, args, kwargs)
+            copied, exact, reuse = self.same_inputs(old, args, kwargs)
             if copied and not reuse and target is operator.getitem:  # the same element
                 reuse = args[0].data is old.args[0].meta.get("val")
         if reuse:
