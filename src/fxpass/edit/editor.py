@@ -21,11 +21,13 @@ get the change's provenance. ``create`` and ``copy`` also build a graph no run w
 Who listens is an :class:`EditListener`: anything with ``allow()``, ``notify(event)`` and
 ``pass_path`` (the names of the passes now running). A pipeline run's
 :class:`~fxpass.PassContext` is one; while the run is active it is the one :func:`listening`
-installed, and ``ctx.editor`` is an editor bound to it. ``Editor(None)`` tells nobody (for
-a scratch graph: a pattern, a graph being reassembled after the run). The editor sits below
-the pass infrastructure: it knows the listener's shape, not the pipeline.
+installed, and ``ctx.editor`` is an editor bound to it. A pass is handed its context and
+edits through ``ctx.editor``; ``Editor(None)`` tells nobody (for a scratch graph: a pattern,
+a graph being reassembled after the run); :meth:`Editor.current` is for code no context was
+handed to (a public helper on a bare graph, torch calling back). The editor sits below the
+pass infrastructure: it knows the listener's shape, not the pipeline.
 
->>> editor = Editor(pass_name="my_pass")        # doctest: +SKIP
+>>> editor = ctx.editor                         # doctest: +SKIP
 >>> if editor.allow():                          # doctest: +SKIP
 ...     editor.replace_all_uses(old, new, "my_rule")
 >>> if editor.allow():                          # doctest: +SKIP
@@ -182,9 +184,9 @@ class Change:
 
 
 class Editor:
-    """Edits on behalf of one pass run (``ctx``: the listener, default the active one;
-    ``pass_name``: recorded in new nodes' provenance, default the pass running when the edit
-    is made)."""
+    """Edits on behalf of one pass run (``ctx``: the listener, default the active one, as
+    :meth:`current`; ``pass_name``: recorded in new nodes' provenance, default the pass
+    running when the edit is made)."""
 
     __slots__ = ("_name", "_open", "ctx")
 

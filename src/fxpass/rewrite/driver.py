@@ -405,7 +405,7 @@ class RuleSet(Pass):
             self._matcher = Matcher(self.rules)
         return self._matcher
 
-    def call(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    def call(self, gm: fx.GraphModule, ctx: PassContext | None = None) -> PassResult:
         result = rewrite(gm, self, once=self.once, max_rewrites=self.max_rewrites, ctx=ctx)
         return PassResult(gm, result.modified)
 
