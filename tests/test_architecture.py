@@ -94,3 +94,132 @@ def test_module_basenames_are_unique():
             continue
         other = seen.setdefault(path.name, path)
         assert other == path, f"{path.relative_to(ROOT)} and {other.relative_to(ROOT)}"
+
+
+# ----- no private attribute of another package is read ----------------------------------------
+# The import contract (tools/private_imports.py) keeps private *names* in their package; this
+# extends it to attributes: code in one package (a top-level subpackage of fxpass, or a module
+# directly in it) does not read ``obj._name`` when ``_name`` is an attribute another package
+# defines (stores on an object, or declares in a class body or ``__slots__``) and its own does
+# not. Dunder names are not private. The exceptions, in one place, each with why:
+ALLOWED_PRIVATE_READS = {
+    # torch's own names that an fxpass class happens to define too: ``torch._ops`` (the op
+    # classes' module), and an OpOverload's ``_name`` (its qualified name, read where Edge ops
+    # are mapped to ATen; fxpass's Editor has a ``_name`` of its own)
+    ("*", "_ops"): "torch._ops",
+    ("fxutil", "_name"): "OpOverload._name",
+    # compat/inductor reads Pattern._shared; issue 30 item 2 (the public rewrite/compat
+    # contract) moves it onto Pattern.shared
+    ("compat", "_shared"): "issue 30 item 2",
+}
+
+
+def _package(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).parts
+    return rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _attributes_defined(tree: ast.AST) -> set[str]:
+    """The attribute names a module gives objects: stores, class bodies, ``__slots__``."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.add(node.attr)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    out.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    out.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names = {t.id for t in item.targets if isinstance(t, ast.Name)}
+                    out |= names
+                    if "__slots__" in names:
+                        out |= {
+                            c.value
+                            for c in ast.walk(item.value)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                        }
+        elif _named_attribute(node, ("setattr",)):
+            out.add(node.args[1].value)
+    return out
+
+
+def _named_attribute(node: ast.AST, functions: tuple[str, ...]) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in functions
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    )
+
+
+def _private_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """``obj._name`` and ``getattr(obj, "_name")`` reads of private attributes."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            if _private(node.attr):
+                found.append((node.lineno, node.attr))
+        elif _named_attribute(node, ("getattr", "hasattr")) and _private(node.args[1].value):
+            found.append((node.lineno, node.args[1].value))
+    return found
+
+
+def _foreign_private_reads(files: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """``{"path:line": "_name (defined in pkg)"}`` for ``files`` (path -> (package, source))."""
+    defined: dict[str, set[str]] = {}
+    reads = []
+    for path, (package, source) in files.items():
+        tree = ast.parse(source)
+        defined.setdefault(package, set()).update(_attributes_defined(tree))
+        reads += [(path, package, line, attr) for line, attr in _private_reads(tree)]
+    out = {}
+    for path, package, line, attr in reads:
+        if (
+            attr in defined[package]
+            or {("*", attr), (package, attr)} & ALLOWED_PRIVATE_READS.keys()
+        ):
+            continue
+        owners = sorted(p for p, names in defined.items() if attr in names)
+        if owners:
+            out[f"{path}:{line}"] = f"{attr} (defined in {', '.join(owners)})"
+    return out
+
+
+def test_no_private_attribute_of_another_package_is_read():
+    files = {
+        str(p.relative_to(PACKAGE)): (_package(p), p.read_text())
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+    foreign = _foreign_private_reads(files)
+    assert not foreign, (
+        "make what another package needs public (a property, a method) instead of reading "
+        f"its private attribute: {foreign}"
+    )
+
+
+def test_the_attribute_check_finds_a_foreign_read_and_allows_its_own():
+    files = {
+        "a/x.py": ("a", "class A:\n    __slots__ = ('_slot',)\n    def _m(self): ...\n"),
+        "a/y.py": (
+            "a",
+            "def f(o):\n    o._own = o._ops = 1\n    return o._own, o._m(), o._torchs\n",
+        ),
+        "b/z.py": (
+            "b",
+            "def g(o):\n    o._m\n    getattr(o, '_slot')\n    o._own\n    o.__dict__\n",
+        ),
+        "c.py": ("c", "def h(o):\n    o._ops\n"),  # allowed: torch's
+    }
+    assert _foreign_private_reads(files) == {
+        "b/z.py:2": "_m (defined in a)",
+        "b/z.py:3": "_slot (defined in a)",
+        "b/z.py:4": "_own (defined in a)",
+    }

@@ -40,7 +40,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from .core.context import current_context
+from .core.context import PassContext, current_context
 from .core.contract import Pass, PassResult
 from .edit.editor import Editor
 from .edit.location import source_location
@@ -178,8 +178,10 @@ class InterpreterPass(Pass):
         return node
 
     # ----- running -------------------------------------------------------------------------
-    def call(self, gm: fx.GraphModule) -> PassResult:
-        self._setup(gm)
+    def call(self, gm: fx.GraphModule, ctx: PassContext | None = None) -> PassResult:
+        """Interpret ``gm`` into a new graph; ``ctx``: the run's context (None, as from a
+        subclass's ``call(gm)`` that did not ask for it: the run in progress, if any)."""
+        self._setup(gm, ctx)
         try:
             for node in gm.graph.nodes:
                 self._visit(node)
@@ -189,7 +191,7 @@ class InterpreterPass(Pass):
         finally:
             self._teardown()
 
-    def _setup(self, gm: fx.GraphModule) -> None:
+    def _setup(self, gm: fx.GraphModule, ctx: PassContext | None) -> None:
         self._gm = gm
         self._graph = empty_graph_like(gm.graph)
         self._env: dict[fx.Node, Any] = {}
@@ -203,8 +205,10 @@ class InterpreterPass(Pass):
         self._last_constant: fx.Node | None = None
         self._mode = self._find_fake_mode(gm)
         self._fake = FakeEvaluator(self._mode, owner=type(self).__name__)
-        ctx = current_context()
-        self._editor = Editor(ctx, self.name)  # asks the run, tells it what was rewritten
+        if ctx is None:
+            ctx = current_context()
+        # asks the run, tells it what was rewritten
+        self._editor = ctx.editor.naming(self.name) if ctx is not None else Editor(None, self.name)
         # builds the new graph, which no run watches until it replaces the old one
         self._build = Editor(None, self.name)
         inputs = ctx.sample_inputs if ctx is not None else None
@@ -249,7 +253,7 @@ class InterpreterPass(Pass):
             new.meta.update(node.meta)
             self._env[node] = ProxyValue(new, node.meta.get("val"), exact=True)
         else:
-            self._rewrite(node)
+            self.rewrite_node(node)
 
     def _input_value(self, node: fx.Node, index: int) -> Any:
         if "val" in node.meta:
@@ -265,7 +269,9 @@ class InterpreterPass(Pass):
             "pass sample_inputs (one per placeholder)"
         )
 
-    def _rewrite(self, node: fx.Node) -> None:
+    def rewrite_node(self, node: fx.Node) -> None:
+        """Run the hooks on one ``call_function`` node into the new graph (for a subclass
+        that walks the graph itself, as ExecuTorch's ``ExportPass`` does)."""
         args = fx.node.map_arg(node.args, self._env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, self._env.__getitem__)
         mark = last_node(self._graph)
@@ -324,7 +330,7 @@ class InterpreterPass(Pass):
     def _emit_node(self, kind: str, target: Any, args, kwargs, meta) -> ProxyValue:
         old = self._current
         same = old is not None and old.op == kind and old.target is target
-        copied, exact, reuse = self._same_inputs(old, args, kwargs) if same else (False,) * 3
+        copied, exact, reuse = self.same_inputs(old, args, kwargs) if same else (False,) * 3
         node_args = pytree.tree_map(self._as_arg, args)
         node_kwargs = pytree.tree_map(self._as_arg, kwargs)
         name = old.name if same else None
@@ -344,7 +350,7 @@ class InterpreterPass(Pass):
         node.meta["val"] = val
         return ProxyValue(node, val, copy=copied)
 
-    def _same_inputs(self, old: fx.Node, args, kwargs) -> tuple[bool, bool, bool]:
+    def same_inputs(self, old: fx.Node, args, kwargs) -> tuple[bool, bool, bool]:
         """Whether ``args``/``kwargs`` are the new values of the old node's inputs
         (``copied``); whether, besides, each of them is an unchanged copy (``exact``); and
         whether the old node's fake value still stands for the result (``reuse``: every new

@@ -1,4 +1,4 @@
-"""new_node_meta: the metadata and provenance a library pass gives a node it creates."""
+"""Editor.mark_new: the metadata and provenance a library pass gives a node it creates."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
 import fxpass as fp
-from fxpass.edit.editor import Editor, new_node_meta
+from fxpass.edit.editor import Editor
 
 
-def test_new_node_meta_records_what_torchs_node_source_records():
+def test_mark_new_records_what_torchs_node_source_records():
     gm = torch.fx.symbolic_trace(lambda x: x.relu())
     (old,) = [n for n in gm.graph.nodes if n.op == "call_method"]
     old.meta.update(stack_trace="here", nn_module_stack={"m": ("m", "M")}, keep="no")
@@ -18,7 +18,7 @@ def test_new_node_meta_records_what_torchs_node_source_records():
     with gm.graph.inserting_after(old):
         new = gm.graph.call_function(torch.relu, (old,))
     new.meta["stack_trace"] = "mine"
-    new_node_meta(new, [old], "rule", "a_pass")
+    Editor(None, "a_pass").mark_new([new], [old], "rule")
     assert new.meta["from_node"] == [NodeSource(old, "a_pass", NodeSourceAction.REPLACE)]
     assert new.meta["stack_trace"] == "mine"  # what the node has already is kept
     assert new.meta["nn_module_stack"] == {"m": ("m", "M")} and "keep" not in new.meta

@@ -93,7 +93,7 @@ class _Rules(TorchMatching):
             return p.op == "placeholder" and self.literal(p, v, st, k)
         if v.op != p.op and not self.name_hit(p, v):
             return False
-        if p._shared:  # a second use of the same pattern node: the node it matched
+        if p.shared:  # a second use of the same pattern node: the node it matched
             hit = self.memo_hit(p, v, st, k)
             if hit is not None:
                 return hit
@@ -127,7 +127,7 @@ class _Rules(TorchMatching):
     def attr(self, p: _Attr, v: Any, st: MatchState, k: Cont) -> bool:
         if not isinstance(v, Node) or (v.op != "get_attr" and not self.name_hit(p, v)):
             return False
-        if p._shared:
+        if p.shared:
             hit = self.memo_hit(p, v, st, k)
             if hit is not None:
                 return hit

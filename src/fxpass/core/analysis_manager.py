@@ -35,15 +35,14 @@ Outside a run there is no cache: ``positions(gm)`` computes.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import difflib
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import fx
 
+from ..edit.editor import active_listener
 from ..fxutil.fx_internals import graph_stamp
 from .errors import FxpassError
 
@@ -54,7 +53,6 @@ __all__ = [
     "analysis",
     "get",
     "known_analyses",
-    "managing",
     "resolve",
 ]
 
@@ -407,25 +405,13 @@ def _show(key: Any) -> str:
     return f"%{key.name}" if isinstance(key, fx.Node) else repr(key)
 
 
-_ACTIVE: contextvars.ContextVar[AnalysisManager | None] = contextvars.ContextVar(
-    "fxpass_analyses", default=None
-)
-
-
-@contextlib.contextmanager
-def managing(manager: AnalysisManager | None) -> Iterator[None]:
-    """Make ``manager`` the one analyses are asked through inside the block (a pipeline run
-    does this for its context's manager)."""
-    token = _ACTIVE.set(manager)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
 def get(item: Analysis | str, gm: fx.GraphModule | fx.Graph) -> Any:
-    """The analysis of ``gm``: through the running pipeline's manager, else computed now."""
-    manager = _ACTIVE.get()
+    """The analysis of ``gm``: through the running pipeline's manager, else computed now.
+
+    The run in progress is the editor's listener (its ``PassContext``, whose ``analyses``
+    this reads; the context sits above this module). A pass handed its context can ask
+    ``ctx.analyses.get(item, gm)`` itself."""
+    manager = getattr(active_listener(), "analyses", None)
     if manager is not None:
         return manager.get(item, gm)
     return resolve(item).compute(_graph_of(gm))

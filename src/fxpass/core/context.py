@@ -1,12 +1,16 @@
 """What a running pass can reach: sample inputs, statistics, the editor, the analyses,
 listeners and debug counters.
 
-A pipeline run installs one :class:`PassContext` (a context variable), so code deep inside a
-pass — the rewrite engine, a helper — can report statistics with :func:`stat`, edit the graph
-through :attr:`PassContext.editor` (which asks :meth:`PassContext.allow` before each change,
-so bisection can stop after the k-th one — MLIR's debug counters — and tells
-:meth:`PassContext.notify` after it), and ask :attr:`PassContext.analyses` for facts about
-the graph that survive the passes that preserve them.
+A pipeline run hands each pass that asks for it (a parameter named ``ctx``, see
+:mod:`fxpass.core.contract`) its :class:`PassContext`: the pass reports statistics with
+:meth:`PassContext.stat`, edits the graph through :attr:`PassContext.editor` (which asks
+:meth:`PassContext.allow` before each change, so bisection can stop after the k-th one —
+MLIR's debug counters — and tells :meth:`PassContext.notify` after it), and asks
+:attr:`PassContext.analyses` for facts about the graph that survive the passes that
+preserve them. For code that is handed nothing — a pass that did not ask, a public helper,
+torch calling back — the run also installs the context as the editor's listener (the one
+context variable of a run, in :mod:`fxpass.edit.editor`): :func:`current_context`,
+:func:`stat` and the analyses' getters read it there.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..edit.editor import ChangeEvent, Editor, listening
-from .analysis_manager import AnalysisManager, managing
+from ..edit.editor import ChangeEvent, Editor, active_listener, listening
+from .analysis_manager import AnalysisManager
 from .report import PassRecord
 
 __all__ = [
@@ -123,8 +127,10 @@ class PassContext:
         debug counter, tells the instrumentation and the analyses, and records provenance
         naming the pass running when the edit is made).
 
-        >>> ctx = fp.current_context()                                  # doctest: +SKIP
-        >>> ctx.editor.replace_all_uses(node, node.args[0], "drop_clone")  # doctest: +SKIP
+        >>> def drop_clones(gm, ctx):  # a pass asks for its context by name   # doctest: +SKIP
+        ...     for node in gm.graph.find_nodes(op="call_function", target=aten.clone.default):
+        ...         if ctx.editor.allow():
+        ...             ctx.editor.replace_all_uses(node, node.args[0], "drop_clone")
         """
         editor = self._editor
         if editor is None:
@@ -159,14 +165,11 @@ class PassContext:
             inst.on_change(event, self)
 
 
-_CURRENT: contextvars.ContextVar[PassContext | None] = contextvars.ContextVar(
-    "fxpass_context", default=None
-)
-
-
 def current_context() -> PassContext | None:
-    """The context of the pipeline run in progress in this thread, or None."""
-    return _CURRENT.get()
+    """The context of the pipeline run in progress in this thread, or None (for code that
+    was not handed one: a pass asks for it with a parameter named ``ctx``)."""
+    ctx = active_listener()
+    return ctx if isinstance(ctx, PassContext) else None
 
 
 @contextlib.contextmanager
@@ -181,9 +184,9 @@ def scoped(var: contextvars.ContextVar[T], value: T) -> Iterator[T]:
 
 @contextlib.contextmanager
 def _activate(ctx: PassContext) -> Iterator[PassContext]:
-    """Make ``ctx`` the current context, the listener of editors and the manager analyses
-    are asked through, for the block."""
-    with scoped(_CURRENT, ctx), listening(ctx), managing(ctx.analyses):
+    """Make ``ctx`` the run in progress for the block: the listener of editors made without
+    one, the context :func:`current_context` gives, the manager analyses are asked through."""
+    with listening(ctx):
         yield ctx
 
 
@@ -191,7 +194,7 @@ def detached() -> contextlib.AbstractContextManager[None]:
     """Leave the pipeline run in progress for the ``with`` block: a pipeline run inside it is
     a run of its own (its own rollback, checks and report), not a part of the outer one.
     For code that, from inside a pass, transforms an unrelated graph with a pipeline."""
-    return scoped(_CURRENT, None)
+    return listening(None)
 
 
 def stat(name: str, value: float = 1) -> None:
@@ -203,6 +206,6 @@ def stat(name: str, value: float = 1) -> None:
     ...         ...
     ...         fp.stat("clones_removed")
     """
-    ctx = _CURRENT.get()
+    ctx = current_context()
     if ctx is not None:
         ctx.stat(name, value)

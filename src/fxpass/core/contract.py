@@ -8,6 +8,12 @@ A pass is any of
   subclass, a ``torch.fx.passes.infra.pass_base.PassBase``, an ExecuTorch pass;
 * a :class:`~fxpass.Pipeline` (pipelines nest).
 
+**The context is an argument.** A pass that asks for the run's
+:class:`~fxpass.PassContext` gets it: a function (or a class's ``call``) with a parameter
+named ``ctx`` is called with ``ctx=`` the context of the pass now running (its
+``ctx.editor``, ``ctx.analyses``, ``ctx.stat``), and ``ctx`` is neither an option nor a
+lowering pass's second argument. A pass without that parameter is called as before.
+
 :func:`pass_of` turns each into a :class:`Pass` (:func:`fxpass.as_pass` also looks up
 registered names). "Modified" is honest: when a pass does not
 say whether it changed the graph (it returns ``None`` or a module), the pipeline compares a
@@ -34,6 +40,7 @@ __all__ = [
     "Pass",
     "PassResult",
     "is_lowering",
+    "takes_context",
     "metadata_keys",
     "pass_of",
 ]
@@ -124,7 +131,8 @@ class Pass:
         """Raise if ``gm`` does not meet this pass's preconditions."""
 
     def call(self, gm: fx.GraphModule) -> bool | PassResult | fx.GraphModule | None:
-        """Transform ``gm`` (in place, or return a new module) and say whether it changed."""
+        """Transform ``gm`` (in place, or return a new module) and say whether it changed.
+        An override declared ``call(self, gm, ctx)`` is handed the run's context."""
         raise NotImplementedError(f"{type(self).__name__} must implement call(gm)")
 
     def ensures(self, gm: fx.GraphModule) -> None:
@@ -133,7 +141,7 @@ class Pass:
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         """Run the pass inside a pipeline (the pipeline interprets the return value)."""
         self.requires(gm)
-        result = self.call(gm)
+        result = _call(self.call, gm, ctx)
         out = _module_of(result, gm)
         self.ensures(out)
         return result
@@ -165,8 +173,22 @@ def _import_path(fn: Callable) -> str | None:
     return f"{module}:{qualname}"
 
 
+#: The parameter a pass names to be handed the run's context.
+CONTEXT_PARAMETER = "ctx"
+
+
+def takes_context(fn: Callable) -> bool:
+    """Does ``fn`` ask for the run's context: a parameter named ``ctx`` it can take by name?"""
+    try:
+        param = inspect.signature(fn).parameters.get(CONTEXT_PARAMETER)
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+
+
 def is_lowering(fn: Callable) -> bool:
-    """A function taking ``(gm, sample_inputs)``: two positional parameters with no defaults."""
+    """A function taking ``(gm, sample_inputs)``: two positional parameters with no defaults
+    (``ctx``, the run's context, is not one of them)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -174,13 +196,23 @@ def is_lowering(fn: Callable) -> bool:
     positional = [
         p
         for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        and p.default is p.empty
+        and p.name != CONTEXT_PARAMETER
     ]
     return len(positional) >= 2
 
 
+def _call(method: Callable, gm: fx.GraphModule, ctx: Any, *args: Any, **kwargs: Any) -> Any:
+    """``method(gm, ...)``, handing it ``ctx=`` when it asks for the context."""
+    if takes_context(method):
+        kwargs[CONTEXT_PARAMETER] = ctx
+    return method(gm, *args, **kwargs)
+
+
 class FunctionPass(Pass):
-    """A function used as a pass: ``fn(gm)``, or ``fn(gm, sample_inputs)`` for lowering passes."""
+    """A function used as a pass: ``fn(gm)``, or ``fn(gm, sample_inputs)`` for lowering
+    passes; ``fn(gm, ctx)`` (a parameter named ``ctx``) is handed the run's context."""
 
     def __init__(
         self,
@@ -214,8 +246,10 @@ class FunctionPass(Pass):
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         if self.lowering:
             inputs = ctx.sample_inputs if ctx is not None else None
-            return self.fn(gm, list(inputs) if inputs is not None else [], **self.options)
-        return self.fn(gm, **self.options)
+            return _call(
+                self.fn, gm, ctx, list(inputs) if inputs is not None else [], **self.options
+            )
+        return _call(self.fn, gm, ctx, **self.options)
 
     def __repr__(self) -> str:
         kind = "lowering pass" if self.lowering else "pass"
@@ -239,7 +273,7 @@ class ObjectPass(Pass):
         obj = self.obj
         if callable(getattr(obj, "requires", None)):
             obj.requires(gm)
-        result = obj.call(gm)
+        result = _call(obj.call, gm, ctx)
         if callable(getattr(obj, "ensures", None)):
             obj.ensures(_module_of(result, gm))
         return result

@@ -274,6 +274,7 @@ def options_of(fn: Callable, *, skip: int = 0) -> dict[str, Option]:
     if isinstance(fn, type):
         params = params[1:]  # self
     out: dict[str, Option] = {}
+    params = [p for p in params if p.name != "ctx"]  # the run's context (core/contract.py)
     for p in params[skip:]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue

@@ -21,11 +21,13 @@ get the change's provenance. ``create`` and ``copy`` also build a graph no run w
 Who listens is an :class:`EditListener`: anything with ``allow()``, ``notify(event)`` and
 ``pass_path`` (the names of the passes now running). A pipeline run's
 :class:`~fxpass.PassContext` is one; while the run is active it is the one :func:`listening`
-installed, and ``ctx.editor`` is an editor bound to it. ``Editor(None)`` tells nobody (for
-a scratch graph: a pattern, a graph being reassembled after the run). The editor sits below
-the pass infrastructure: it knows the listener's shape, not the pipeline.
+installed, and ``ctx.editor`` is an editor bound to it. A pass is handed its context and
+edits through ``ctx.editor``; ``Editor(None)`` tells nobody (for a scratch graph: a pattern,
+a graph being reassembled after the run); :meth:`Editor.current` is for code no context was
+handed to (a public helper on a bare graph, torch calling back). The editor sits below the
+pass infrastructure: it knows the listener's shape, not the pipeline.
 
->>> editor = Editor(pass_name="my_pass")        # doctest: +SKIP
+>>> editor = ctx.editor                         # doctest: +SKIP
 >>> if editor.allow():                          # doctest: +SKIP
 ...     editor.replace_all_uses(old, new, "my_rule")
 >>> if editor.allow():                          # doctest: +SKIP
@@ -65,12 +67,7 @@ __all__ = [
     "EditListener",
     "Editor",
     "active_listener",
-    "allow",
-    "erase",
     "listening",
-    "new_node_meta",
-    "notify",
-    "replace_all_uses",
 ]
 
 _CURRENT: Any = object()
@@ -104,8 +101,11 @@ class EditListener(Protocol):
     def notify(self, event: ChangeEvent) -> None: ...
 
 
+#: The run in progress: its context, as the listener of editors made without one. The one
+#: context variable of a pass run; what reads it is code no context was handed to (a pass
+#: that did not ask for ``ctx``, a public helper on a bare graph, torch calling back).
 _LISTENER: contextvars.ContextVar[EditListener | None] = contextvars.ContextVar(
-    "fxpass_edit_listener", default=None
+    "fxpass_context", default=None
 )
 
 
@@ -184,9 +184,9 @@ class Change:
 
 
 class Editor:
-    """Edits on behalf of one pass run (``ctx``: the listener, default the active one;
-    ``pass_name``: recorded in new nodes' provenance, default the pass running when the edit
-    is made)."""
+    """Edits on behalf of one pass run (``ctx``: the listener, default the active one, as
+    :meth:`current`; ``pass_name``: recorded in new nodes' provenance, default the pass
+    running when the edit is made)."""
 
     __slots__ = ("_name", "_open", "ctx")
 
@@ -194,6 +194,25 @@ class Editor:
         self.ctx = _LISTENER.get() if ctx is _CURRENT else ctx
         self._name = pass_name
         self._open: Change | None = None
+
+    @classmethod
+    def current(cls, pass_name: str | None = None) -> Editor:
+        """An editor for code no context was handed to: bound to the run in progress in this
+        thread (the listener :func:`listening` installed), or to nobody outside a run.
+
+        The one way to get an editor without a context: a public helper a user calls on a
+        bare GraphModule (``fxpass.rewrite.rewrite``, ``replace_pattern``) or code torch
+        calls back with no way to pass one. A pass is handed its context and edits through
+        ``ctx.editor``; a graph no run watches is edited with ``Editor(None)``.
+        """
+        return cls(_LISTENER.get(), pass_name)
+
+    def naming(self, pass_name: str | None) -> Editor:
+        """An editor reporting to the same run that records ``pass_name`` (None: the running
+        pass) in new nodes' provenance; this one when it already does."""
+        if pass_name == self._name:
+            return self
+        return Editor(self.ctx, pass_name)
 
     @property
     def pass_name(self) -> str:
@@ -542,28 +561,3 @@ def _read_by(args: Any, kwargs: Any = None) -> list[fx.Node]:
 
 
 _NAMES: dict[int, tuple[Any, str]] = {}  # id(target) -> (target, the node name torch gives it)
-
-
-def allow() -> bool:
-    """:meth:`Editor.allow` for the running pass."""
-    return Editor().allow()
-
-
-def notify(kind: str, rule: str, old: Sequence[fx.Node] = (), new: Sequence[fx.Node] = ()) -> None:
-    """:meth:`Editor.notify` for the running pass."""
-    Editor().notify(kind, rule, old, new)
-
-
-def replace_all_uses(node: fx.Node, new: fx.Node, rule: str, *, erase_old: bool = True) -> None:
-    """:meth:`Editor.replace_all_uses` for the running pass."""
-    Editor().replace_all_uses(node, new, rule, erase_old=erase_old)
-
-
-def erase(node: fx.Node, rule: str) -> None:
-    """:meth:`Editor.erase` for the running pass."""
-    Editor().erase(node, rule)
-
-
-def new_node_meta(new: fx.Node, replaced: Sequence[fx.Node], rule: str, pass_name: str) -> None:
-    """:meth:`Editor.mark_new` for one node, recorded under ``pass_name``."""
-    Editor(pass_name=pass_name).mark_new([new], replaced, rule)

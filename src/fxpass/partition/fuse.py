@@ -92,6 +92,7 @@ def fuse_partitions(
     input_order: Literal["graph", "first_use"] = "graph",
     always_return_tuple: bool = False,
     recompile: bool = True,
+    editor: Editor | None = None,
 ) -> fx.GraphModule:
     """Replace each partition of ``gm`` by one call of a new submodule ``{prefix}{i}``.
 
@@ -99,6 +100,8 @@ def fuse_partitions(
     leave the graph acyclic (:class:`PartitionCycleError` says which ones do not). Returns
     ``gm``, changed in place (its code regenerated unless ``recompile=False``).
     The calls it makes are :func:`fused_nodes` (with ``meta["fxpass_partition"]``).
+    ``editor``: what the fusions go through (a pass's ``ctx.editor``; default: the run in
+    progress's, ``Editor.current()``).
     """
     if mode not in ("module", "delegate"):
         raise ValueError(f"fuse_partitions: mode must be 'module' or 'delegate', not {mode!r}")
@@ -112,7 +115,7 @@ def fuse_partitions(
     if mode == "delegate" and delegate is None:
         delegate = _invoke_subgraph()
     out_of_order = False
-    editor = Editor()
+    editor = editor if editor is not None else Editor.current()
     for index, nodes in enumerate(groups):
         # each fusion is one change a debug counter may veto (a subset of cycle-free
         # partitions is cycle-free too)
@@ -311,16 +314,20 @@ def fused_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 
 
 def unfuse(
-    gm: fx.GraphModule, names: Iterable[str] | None = None, *, recompile: bool = True
+    gm: fx.GraphModule,
+    names: Iterable[str] | None = None,
+    *,
+    recompile: bool = True,
+    editor: Editor | None = None,
 ) -> int:
     """Inline fused submodules back into ``gm`` (all, or those named in ``names``).
 
     Nodes get their original names back where those are free, and keep their metadata.
-    Returns how many calls were inlined.
+    Returns how many calls were inlined. ``editor`` as for :func:`fuse_partitions`.
     """
     wanted = None if names is None else set(names)
     count = 0
-    editor = Editor()
+    editor = editor if editor is not None else Editor.current()
     for call in fused_nodes(gm):
         name = call.meta[FUSED_META]["name"]
         if (wanted is not None and name not in wanted) or not editor.allow():

@@ -28,7 +28,7 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ..core.context import stat
+from ..core.context import PassContext, stat
 from ..core.errors import FxpassError
 from ..core.pass_registry import register
 from ..edit.editor import Editor
@@ -53,7 +53,7 @@ def _is_fxpass_op(node: fx.Node) -> bool:
     statistics={"lowered": "fxpass:: op calls replaced by torch's own ops"},
     keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
-def lower_fused_ops(gm: fx.GraphModule) -> bool:
+def lower_fused_ops(gm: fx.GraphModule, ctx: PassContext) -> bool:
     """Replace every ``torch.ops.fxpass`` call with its decomposition into torch's own ops,
     so the program runs where fxpass is not installed (``fxpass run --portable``)."""
     calls = [n for n in gm.graph.nodes if _is_fxpass_op(n)]
@@ -64,7 +64,7 @@ def lower_fused_ops(gm: fx.GraphModule) -> bool:
             "torch's own ops, so this program cannot be written without fxpass's ops; "
             "leave out --portable (the program then loads where fxpass is installed)"
         )
-    editor = Editor()
+    editor = ctx.editor
     changed = False
     for node in calls:
         if not editor.allow():

@@ -22,7 +22,7 @@ from typing import Literal
 
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import PassContext, stat
 from ..core.pass_registry import register
 from ..fxutil.fx_internals import is_exported_graph
 from ..partition.capability import capability_partitions
@@ -44,6 +44,7 @@ __all__ = ["partition"]
 )
 def partition(
     gm: fx.GraphModule,
+    ctx: PassContext,
     *,
     support: str,
     allows_single_node_partition: bool = False,
@@ -76,7 +77,7 @@ def partition(
     )
     before = set(fused_nodes(gm))
     # fuse_partitions asks the debug counter before each fusion and tells the run about it
-    fuse_partitions(gm, parts, prefix=prefix, mode=mode, recompile=False)
+    fuse_partitions(gm, parts, prefix=prefix, mode=mode, recompile=False, editor=ctx.editor)
     calls = [call for call in fused_nodes(gm) if call not in before]
     if not calls:
         return False

@@ -36,9 +36,10 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
-from ..core.context import current_context
+from ..core.context import PassContext, current_context
 from ..core.contract import Pass, PassResult
 from ..core.errors import NonConvergenceError
+from ..edit.editor import Editor
 from ..edit.location import short
 from ..fxutil.dialect import spellings
 from ..fxutil.fx_internals import is_erased, sort_key
@@ -102,6 +103,7 @@ def rewrite(
     max_rewrites: int | None = None,
     pass_name: str | None = None,
     subgraphs: bool = True,
+    ctx: PassContext | None = None,
 ) -> RewriteResult:
     """Apply ``rules`` (a rule, a rule set, or a list of rules and tuples) to ``gm``.
 
@@ -112,16 +114,24 @@ def rewrite(
     Each single rewrite is atomic. Statistics (``rewrites``, ``<rule>.tried``/``matched``/
     ``rewritten``/``ms``) go to the running pass's record when called inside a pipeline.
     The caller regenerates code (``gm.recompile()``) unless a pipeline does it.
+
+    ``ctx`` is the context of the pass calling it (what a pass that asks for its context is
+    handed): the rewrites go through ``ctx.editor`` and the statistics to its record. Without
+    one — a call on a bare GraphModule, or from a pass that did not ask for its context —
+    they go to the run in progress, if any (``Editor.current``).
     """
     matcher, name, _ = _matcher_of(rules)
     matcher.reset_stats()
-    pass_name = pass_name or _pass_name(name)
+    if ctx is None:
+        ctx = current_context()
+    pass_name = pass_name or _pass_name(name, ctx)
+    editor = ctx.editor.naming(pass_name) if ctx is not None else Editor.current(pass_name)
     t0 = time.perf_counter()
-    rewrites, graph = _rewrite_graph(gm, matcher, once, max_rewrites, name, pass_name)
+    rewrites, graph = _rewrite_graph(gm, matcher, once, max_rewrites, name, editor)
     graphs = [("", graph)]
     if subgraphs and isinstance(gm, fx.GraphModule):
         for path, sub in list(control_flow_subgraphs(gm)):
-            made, sub_graph = _rewrite_graph(sub, matcher, once, max_rewrites, name, pass_name)
+            made, sub_graph = _rewrite_graph(sub, matcher, once, max_rewrites, name, editor)
             graphs.append((path, sub_graph))
             if made:
                 rewrites += made
@@ -132,7 +142,7 @@ def rewrite(
         seconds=time.perf_counter() - t0,
         mode="once" if once else "fixpoint",
     )
-    _report(result, matcher, graphs)
+    _report(result, matcher, graphs, ctx)
     return result
 
 
@@ -142,10 +152,10 @@ def _rewrite_graph(
     once: bool,
     max_rewrites: int | None,
     name: str,
-    pass_name: str,
+    editor: Editor,
 ) -> tuple[int, fx.Graph]:
     """Rewrite one graph (not the graphs its control flow runs); its rewrites and the graph."""
-    rw = Rewriter(gm, pass_name)
+    rw = Rewriter(gm, editor=editor)
     st = MatchState(order=rw.order)
     # the plain matcher's rules match only near the ops they name (see .reach)
     reach = Reach(rw.graph) if type(matcher.interp) is Interpreter else None
@@ -158,8 +168,7 @@ def _rewrite_graph(
     return rw.rewrites, rw.graph
 
 
-def _pass_name(default: str) -> str:
-    ctx = current_context()
+def _pass_name(default: str, ctx: PassContext | None) -> str:
     if ctx is not None and ctx.pass_path:
         return ctx.pass_path[-1]
     return default
@@ -291,8 +300,12 @@ MANY = 8
 FEW = 0.25
 
 
-def _report(result: RewriteResult, matcher: Matcher, graphs: list[tuple[str, fx.Graph]]) -> None:
-    ctx = current_context()
+def _report(
+    result: RewriteResult,
+    matcher: Matcher,
+    graphs: list[tuple[str, fx.Graph]],
+    ctx: PassContext | None,
+) -> None:
     if ctx is None:
         return
     record = ctx.record
@@ -392,8 +405,8 @@ class RuleSet(Pass):
             self._matcher = Matcher(self.rules)
         return self._matcher
 
-    def call(self, gm: fx.GraphModule) -> PassResult:
-        result = rewrite(gm, self, once=self.once, max_rewrites=self.max_rewrites)
+    def call(self, gm: fx.GraphModule, ctx: PassContext | None = None) -> PassResult:
+        result = rewrite(gm, self, once=self.once, max_rewrites=self.max_rewrites, ctx=ctx)
         return PassResult(gm, result.modified)
 
     def explain(self, target: Any, rule: str | Rule | None = None) -> Any:

@@ -49,6 +49,12 @@ class Pattern:
         self.location = location or caller_location()
         self._shared = False
 
+    @property
+    def shared(self) -> bool:
+        """Is this pattern object used more than once in its rule (a DAG, see
+        :func:`mark_shared`), so that every use must bind the same node?"""
+        return self._shared
+
     # ----- introspection ----------------------------------------------------------------
     def index_keys(self) -> frozenset | None:
         """Keys (see :func:`~fxpass.rewrite.spelling.node_key`) of the nodes this pattern

@@ -112,7 +112,7 @@ def replacement_editor(bindings: Iterable[Any]) -> Editor:
     """The editor of the rewrite whose replacement got these bindings (their proxies'
     tracer's), or one for the running pass."""
     tracer = _tracer_in(tuple(bindings))
-    return tracer.editor if isinstance(tracer, _Tracer) else Editor()
+    return tracer.editor if isinstance(tracer, _Tracer) else Editor.current()
 
 
 def _unwrap(a: Any) -> Any:
@@ -159,13 +159,25 @@ def _has_tensor(x: Any) -> bool:
 class Rewriter:
     """Applies matches to one graph. Create one per run.
 
-    ``pass_name`` is recorded in the provenance of new nodes (default: the running pass).
+    ``editor``: the editor the rewrites go through (a pass's ``ctx.editor``; without one, the
+    run in progress's, ``Editor.current``); ``pass_name`` is recorded in the provenance of
+    new nodes (default: the editor's, the running pass).
     """
 
-    def __init__(self, gm: fx.GraphModule | fx.Graph, pass_name: str | None = None) -> None:
+    def __init__(
+        self,
+        gm: fx.GraphModule | fx.Graph,
+        pass_name: str | None = None,
+        *,
+        editor: Editor | None = None,
+    ) -> None:
         self.graph: fx.Graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
         self.gm = gm if isinstance(gm, fx.GraphModule) else self.graph.owning_module
-        self.editor = Editor(pass_name=pass_name)
+        if editor is None:
+            editor = Editor.current(pass_name)
+        elif pass_name is not None:
+            editor = editor.naming(pass_name)
+        self.editor = editor
         self.ctx = self.editor.ctx
         self.pass_name = self.editor.pass_name
         self._order: TopoOrder | None = None

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from torch import fx
 
-from ..core.context import current_context, stat
+from ..core.context import PassContext, stat
 from ..core.pass_registry import register
-from ..edit.editor import Editor
 from ..edit.memory import Memory
 from ..ops.stream import is_stream_op
 from ..verify.stream_assignment import stream_assignment
@@ -61,6 +60,7 @@ __all__ = ["multi_stream"]
 )
 def multi_stream(
     gm: fx.GraphModule,
+    ctx: PassContext,
     *,
     streams: int = 2,
     min_gain_us: float = 1.0,
@@ -93,7 +93,7 @@ def multi_stream(
     )
     stat("regions", len(plan.regions))
     stat("regions_split", sum(rp.accepted for rp in plan.regions))
-    editor = Editor()
+    editor = ctx.editor
     if not plan.assignment or not editor.allow():  # the schedule is one change: all or none
         return False
     stats = apply_plan(gm, plan, memory=memory, editor=editor)
@@ -102,9 +102,7 @@ def multi_stream(
     stat("waits", stats.waits)
     stat("record_streams", stats.record_streams)
     stat("gain_us", round(plan.gain_us, 1))
-    ctx = current_context()
-    if ctx is not None:  # apply_plan's last check asked for it on the finished graph
-        ctx.analyses.preserve(stream_assignment)
+    ctx.analyses.preserve(stream_assignment)  # apply_plan's last check asked for it
     return True
 
 

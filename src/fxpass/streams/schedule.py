@@ -251,14 +251,14 @@ def apply_plan(
     """Reorder ``gm`` and insert the stream ops ``plan`` needs; the result is checked.
 
     ``memory``: the graph's storage facts (:class:`~fxpass.edit.memory.Memory`), computed
-    here when not given; ``editor``: the editor the changes go through (default: one for
-    the running pass).
+    here when not given; ``editor``: the editor the changes go through (a pass's
+    ``ctx.editor``; default: the run in progress's, ``Editor.current()``).
     """
     stats = ScheduleStats()
     if not plan.assignment:
         return stats
     memory = memory if memory is not None else Memory(gm.graph)
-    editor = editor if editor is not None else Editor()
+    editor = editor if editor is not None else Editor.current()
     _reorder(gm.graph, plan, editor)
     _Syncs(gm, plan, stats, memory, editor).run()
     _keep_alive(gm, stats, memory, editor)

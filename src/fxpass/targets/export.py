@@ -209,11 +209,13 @@ def add_constant(
     tensor: torch.Tensor,
     *,
     origin: Sequence[fx.Node] = (),
+    editor: Editor | None = None,
 ) -> fx.Node:
     """Add ``tensor`` to the module as a constant and return a ``get_attr`` node reading it.
 
     The node is placed after the placeholders (so it comes before every use) and gets
-    ``meta["val"]``; it is inserted through the running pass's editor (the run is told),
+    ``meta["val"]``; it is inserted through ``editor`` (a pass's ``ctx.editor``; default: the
+    run in progress's, ``Editor.current()``), so the run is told,
     with ``origin`` — the nodes the constant was computed from, e.g. the ``permute`` of a
     weight it folds — as its provenance (``from_node``). In a plain GraphModule it stays a
     ``get_attr``; when the passes run on an ExportedProgram it becomes a lifted
@@ -232,7 +234,7 @@ def add_constant(
     module.register_buffer(attr, value, persistent=False)
     first = next((n for n in graph.nodes if n.op != "placeholder"), None)
     where = {"before": first} if first is not None else {"after": last_node(graph)}
-    editor = Editor()
+    editor = editor if editor is not None else Editor.current()
     val = _fake_of(graph, value)
     if origin:
         return editor.insert(
@@ -257,12 +259,12 @@ def value_of(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
     return None
 
 
-def erase_mutation(gm: fx.GraphModule, target: str) -> bool:
+def erase_mutation(gm: fx.GraphModule, target: str, *, editor: Editor | None = None) -> bool:
     """Stop writing back the mutated buffer / parameter / user input ``target``.
 
     Removes its value from the graph's outputs (the computation stays until dead-code
     elimination removes it); returns False when ``target`` is not mutated. Only meaningful
-    while passes run on an ExportedProgram.
+    while passes run on an ExportedProgram. ``editor`` as for :func:`add_constant`.
     """
     ctx = program_context()
     if ctx is None:
@@ -282,7 +284,8 @@ def erase_mutation(gm: fx.GraphModule, target: str) -> bool:
         )
     del values[where]
     del ctx.outputs[where]
-    Editor().set_args(out, (type(out.args[0])(values), *out.args[1:]), rule="erase_mutation")
+    editor = editor if editor is not None else Editor.current()
+    editor.set_args(out, (type(out.args[0])(values), *out.args[1:]), rule="erase_mutation")
     return True
 
 

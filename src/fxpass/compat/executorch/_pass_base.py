@@ -247,7 +247,12 @@ class ExportPass(InterpreterPass):
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         self.requires(gm)
-        result = self.call(gm)
+        # ExecuTorch's call(graph_module) takes no context: the hooks find it here
+        outer, self._ctx = self.__dict__.get("_ctx"), ctx
+        try:
+            result = self.call(gm)
+        finally:
+            self._ctx = outer
         self.ensures(gm)  # ExecuTorch checks the module it was given
         self._claimed = getattr(result, "modified", None)
         return result
@@ -318,7 +323,9 @@ class ExportPass(InterpreterPass):
         self.interpreter = _interpreter()
         self._graph, self._env, self._changed = tracer.graph, {}, False
         self._current = self._meta_for = None
-        self._editor = Editor(current_context(), self.name)
+        # the context execute was handed; called from elsewhere, the run in progress's
+        ctx = self.__dict__.get("_ctx") or current_context()
+        self._editor = ctx.editor.naming(self.name) if ctx is not None else Editor(None, self.name)
         self._build = Editor(None, self.name)  # builds the tracer's new graph: no run watches it
         data = fake_data(inputs)
         try:
@@ -353,7 +360,7 @@ class ExportPass(InterpreterPass):
     def _run_node(self, gm: fx.GraphModule, node: fx.Node, args: Any) -> None:
         op = node.op
         if op == "call_function":
-            self._rewrite(node)
+            self.rewrite_node(node)
         elif op == "placeholder":
             self._env[node] = self._input(node, args)
         elif op == "get_attr":
@@ -468,7 +475,7 @@ class ExportPass(InterpreterPass):
             and "val" in old.meta
             and _emitted_by(target, old)
         ):
-            copied, exact, reuse = self._same_inputs(old, args, kwargs)
+            copied, exact, reuse = self.same_inputs(old, args, kwargs)
             if copied and not reuse and target is operator.getitem:  # the same element
                 reuse = args[0].data is old.args[0].meta.get("val")
         if reuse:

@@ -10,10 +10,9 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing, positions
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, written_args
-from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
 
 __all__ = ["cse"]
@@ -97,7 +96,7 @@ def _candidate(node: fx.Node) -> bool:
     preserves=(positions, aliasing),
     edits="editor",
 )
-def cse(gm: fx.GraphModule) -> bool:
+def cse(gm: fx.GraphModule, ctx: PassContext) -> bool:
     """Merge nodes that compute the same pure value from the same inputs.
 
     A node is merged into an earlier one with the same target, arguments and keyword
@@ -112,7 +111,7 @@ def cse(gm: fx.GraphModule) -> bool:
         %b = aten.mul(%x, 2)      ->      %c = aten.add(%a, %a)
         %c = aten.add(%a, %b)
     """
-    info = aliasing(gm)
+    info, editor = aliasing(gm), ctx.editor
     written = frozenset().union(*info.written_by.values())
     version: dict[fx.Node, int] = {}
     seen: dict[Any, fx.Node] = {}
@@ -131,9 +130,9 @@ def cse(gm: fx.GraphModule) -> bool:
         first = seen.get(key)
         if first is None:
             seen[key] = node
-        elif allow():
+        elif editor.allow():
             rep[node] = first
-            replace_all_uses(node, first, "cse")
+            editor.replace_all_uses(node, first, "cse")
             stat("merged")
             changed = True
     return changed

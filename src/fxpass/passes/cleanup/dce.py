@@ -8,10 +8,9 @@ from torch._higher_order_ops.effects import _get_effect
 from torch.fx.node import _side_effectful_functions
 
 from ...core.analyses import aliasing, fake_values, positions, users
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, written_args
-from ...edit.editor import allow, erase
 from ...fxutil.dialect import aten_op
 
 __all__ = ["dce", "has_effect"]
@@ -65,7 +64,7 @@ def _dead_store(node: fx.Node, info: AliasInfo, keep_rng: bool) -> bool:
     preserves=(positions, users, aliasing, fake_values),
     edits="editor",
 )
-def dce(gm: fx.GraphModule, *, keep_rng: bool = True) -> bool:
+def dce(gm: fx.GraphModule, ctx: PassContext, *, keep_rng: bool = True) -> bool:
     """Remove nodes whose results nobody uses and that have no effect.
 
     Unused placeholders stay (they are the calling convention); see :func:`has_effect` for
@@ -82,16 +81,16 @@ def dce(gm: fx.GraphModule, *, keep_rng: bool = True) -> bool:
         %mul_ = aten.mul_(%tmp, 2)        # dead store       ->  (gone)
         %rand = aten.rand([4])            # unused, random   ->  %rand = aten.rand([4])
     """
-    changed = False
+    changed, editor = False, ctx.editor
     info = aliasing(gm)
     for node in reversed(list(gm.graph.nodes)):
         if node.users:
             continue
         if has_effect(node, keep_rng=keep_rng) and not _dead_store(node, info, keep_rng):
             continue
-        if not allow():
+        if not editor.allow():
             continue
-        erase(node, "dce")
+        editor.erase(node, "dce")
         stat("removed")
         changed = True
     return changed

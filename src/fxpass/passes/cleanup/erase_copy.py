@@ -6,10 +6,10 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, aliased_args
-from ...edit.editor import Editor, allow, erase, replace_all_uses
+from ...edit.editor import Editor
 from ...fxutil.dialect import aten_op
 from ...fxutil.values import node_val
 from ._copies import copy_is_unobservable, same_layout, view_is_replaceable
@@ -31,7 +31,9 @@ def _copy_into(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return None
 
 
-def _forward_readers(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) -> int:
+def _forward_readers(
+    copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo, editor: Editor
+) -> int:
     """Point readers of ``dst`` after ``copy`` at ``src``; returns how many were changed."""
     moved = 0
     for old in (dst, copy):
@@ -40,26 +42,28 @@ def _forward_readers(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo)
                 continue
             if old in aliased_args(user) and info.escapes(info.roots(user)):
                 continue  # a view of it is returned: keep returning the copy's memory
-            if not allow():
+            if not editor.allow():
                 continue
-            Editor().replace_input(user, old, src, rule="erase_copy")
+            editor.replace_input(user, old, src, rule="erase_copy")
             moved += 1
     return moved
 
 
-def _erase_in_place(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) -> bool:
+def _erase_in_place(
+    copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo, editor: Editor
+) -> bool:
     if not same_layout(node_val(dst), node_val(src)):
         return False
     if info.written(info.roots(dst) | info.roots(src), after=info.pos[copy], ignore=copy):
         return False  # a later write would see (or hide) the difference
-    moved = _forward_readers(copy, dst, src, info)
+    moved = _forward_readers(copy, dst, src, info, editor)
     if moved:
         stat("readers_forwarded", moved)
     dst_roots = info.roots(dst)
     read_later = info.last_read(dst_roots) > info.pos[copy]
     gone = not info.external(dst_roots) and not read_later
-    if gone and not copy.users and allow():
-        erase(copy, "erase_copy")
+    if gone and not copy.users and editor.allow():
+        editor.erase(copy, "erase_copy")
         stat("copies_erased")
     return bool(moved) or gone
 
@@ -74,7 +78,7 @@ def _erase_in_place(copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo) 
     keeps="all",
     edits="editor",
 )
-def erase_copy(gm: fx.GraphModule) -> bool:
+def erase_copy(gm: fx.GraphModule, ctx: PassContext) -> bool:
     """Forward copies' sources to their readers; drop copies nothing can observe.
 
     SGLang's ``EraseCopy``, made safe and general. For an in-place copy ``dst.copy_(src)``
@@ -94,20 +98,20 @@ def erase_copy(gm: fx.GraphModule) -> bool:
         %copy_ = aten.copy_(%buf, %x)      ->      %y = aten.relu(%x)
         %y = aten.relu(%buf)
     """
-    changed = False
+    changed, editor = False, ctx.editor
     info: AliasInfo | None = None
     for node in list(gm.graph.nodes):
         into = _copy_into(node)
         if into is not None:
             info = info or aliasing(gm)
-            if _erase_in_place(node, *into, info):
+            if _erase_in_place(node, *into, info, editor):
                 changed, info = True, None
         elif aten_op(node.target) is aten.copy.default and isinstance(node.args[1], fx.Node):
             info = info or aliasing(gm)
             src = node.args[1]
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
-            if ok and allow():
-                replace_all_uses(node, src, "erase_copy")
+            if ok and editor.allow():
+                editor.replace_all_uses(node, src, "erase_copy")
                 stat("copies_erased")
                 changed, info = True, None
     return changed

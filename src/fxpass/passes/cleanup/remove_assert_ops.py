@@ -7,7 +7,7 @@ from torch import fx
 from torch.fx import Node
 
 from ...core.analyses import aliasing, fake_values, positions
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...fxutil.dialect import aten_op
 from ...fxutil.fx_internals import is_erased
@@ -56,7 +56,7 @@ def _feeds_only_checks(node: Node) -> bool:
     preserves=(positions, aliasing, fake_values),
     edits="editor",
 )
-def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
+def remove_assert_ops(gm: fx.GraphModule, ctx: PassContext, *, shape_checks: bool = True) -> bool:
     """Remove export's assertion nodes, so patterns see the computation they guard.
 
     ``torch.export`` puts ``aten._assert_tensor_metadata`` after every ``.to()`` and
@@ -74,7 +74,7 @@ def remove_assert_ops(gm: fx.GraphModule, *, shape_checks: bool = True) -> bool:
         %p = aten.pow(%h, 2)                          ->      %p = aten.pow(%h, 2)
     """
     targets = METADATA_ASSERTS | SHAPE_ASSERTS if shape_checks else METADATA_ASSERTS
-    rw = Rewriter(gm, "remove_assert_ops")
+    rw = Rewriter(gm, "remove_assert_ops", editor=ctx.editor)
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or aten_op(node.target) not in targets or node.users:

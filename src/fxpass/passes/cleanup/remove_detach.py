@@ -6,9 +6,8 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing, positions
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
-from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
 from ._copies import input_becomes_output
 
@@ -35,7 +34,7 @@ def _is_detach(node: fx.Node) -> bool:
     preserves=(positions, aliasing),
     edits="editor",
 )
-def remove_detach(gm: fx.GraphModule) -> bool:
+def remove_detach(gm: fx.GraphModule, ctx: PassContext) -> bool:
     """Replace ``detach`` (``aten.detach``, ``detach_copy``, ``detach_``, ``Tensor.detach``)
     by its input.
 
@@ -50,14 +49,14 @@ def remove_detach(gm: fx.GraphModule) -> bool:
         %detach = aten.detach(%x)
         %mul = aten.mul(%detach, 2)       ->      %mul = aten.mul(%x, 2)
     """
-    changed = False
+    changed, editor = False, ctx.editor
     for node in list(gm.graph.nodes):
         if not _is_detach(node) or not isinstance(node.args[0], fx.Node):
             continue
         src = node.args[0]
-        if input_becomes_output(node, src) or not allow():
+        if input_becomes_output(node, src) or not editor.allow():
             continue
-        replace_all_uses(node, src, "remove_detach")
+        editor.replace_all_uses(node, src, "remove_detach")
         stat("removed")
         changed = True
     return changed

@@ -6,10 +6,9 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing, positions
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo
-from ...edit.editor import allow, replace_all_uses
 from ...fxutil.dialect import aten_op
 from ...fxutil.values import fake_value, node_val
 from ...fxutil.views import view_variant
@@ -118,7 +117,7 @@ def _view_is_noop(node: fx.Node, src: fx.Node) -> bool:
     preserves=(positions, aliasing),
     edits="editor",
 )
-def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
+def remove_noop(gm: fx.GraphModule, ctx: PassContext, *, copies: bool = True) -> bool:
     """Remove views, reshapes, expands, conversions, copies and dropouts that change nothing.
 
     A node is dropped when its result has exactly its input's shape, dtype, device and
@@ -144,7 +143,7 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
         %view = aten.view(%clone, [1, 8, 64])     # same shape        ->  %mm = aten.mm(%x, %w)
         %mm = aten.mm(%view, %w)
     """
-    changed = False
+    changed, editor = False, ctx.editor
     info: AliasInfo | None = None
     for node in list(gm.graph.nodes):
         kind = _kind(node)
@@ -160,8 +159,8 @@ def remove_noop(gm: fx.GraphModule, *, copies: bool = True) -> bool:
             ok = not input_becomes_output(node, src)
         else:
             ok = view_is_replaceable(node, src)
-        if ok and allow():
-            replace_all_uses(node, src, "remove_noop")
+        if ok and editor.allow():
+            editor.replace_all_uses(node, src, "remove_noop")
             stat("views_removed" if kind in ("view", "dropout") else "copies_removed")
             if kind in (
                 "copy",

@@ -9,7 +9,7 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...edit.alias import (
     FUNCTIONAL_HOPS,
@@ -195,7 +195,7 @@ def _rewire(call: _Call, writebacks: dict, named: dict, inplace: fx.Node, editor
     },
     keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
-def fix_functionalization(gm: fx.GraphModule) -> bool:
+def fix_functionalization(gm: fx.GraphModule, ctx: PassContext) -> bool:
     """Turn ``auto_functionalized`` / ``auto_functionalized_v2`` calls of mutating ops back
     into in-place calls where nothing can tell.
 
@@ -220,7 +220,7 @@ def fix_functionalization(gm: fx.GraphModule) -> bool:
     """
     changed = False
     info: AliasInfo | None = None
-    editor = Editor(pass_name=_NAME)
+    editor = ctx.editor
     for node in list(gm.graph.nodes):
         kind = _hop(node)
         if kind is None:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.rule import Rule
@@ -59,7 +60,7 @@ RULES = RuleSet(
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
     edits="editor",
 )
-def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
+def fuse_add_rmsnorm(gm: fx.GraphModule, ctx: PassContext | None = None) -> bool:
     """Fuse a residual add and the RMSNorm it feeds into
     ``fxpass::fused_add_rmsnorm(x, residual, w, eps, weight_offset) -> (normed, sum)``.
 
@@ -78,5 +79,8 @@ def fuse_add_rmsnorm(gm: fx.GraphModule) -> bool:
                         ->  %f = fxpass.fused_add_rmsnorm(%x, %residual, %w, 1e-06, 0.0)
                             %out = getitem(%f, 0)
                             %next = aten.add(getitem(%f, 1), %h)
+
+    Called as a plain function (no ``ctx``), it rewrites as :func:`~fxpass.rewrite.rewrite`
+    does without one.
     """
-    return rewrite(gm, RULES, once=True).modified
+    return rewrite(gm, RULES, once=True, ctx=ctx).modified

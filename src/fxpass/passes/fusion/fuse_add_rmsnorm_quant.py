@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...fxutil.layout import same_layout
 from ...rewrite.constraint import value_of
@@ -105,7 +106,7 @@ RULES = RuleSet(
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
     edits="editor",
 )
-def fuse_add_rmsnorm_quant(gm: fx.GraphModule) -> bool:
+def fuse_add_rmsnorm_quant(gm: fx.GraphModule, ctx: PassContext | None = None) -> bool:
     """Fuse residual add + RMSNorm + static per-tensor int8 quantization (SGLang's W8A8
     ``NpuAddRmsNormQuantFuse``) into ``fxpass::fused_add_rmsnorm_quant(x, residual, w,
     scale, eps, weight_offset) -> (int8, sum)``.
@@ -124,5 +125,8 @@ def fuse_add_rmsnorm_quant(gm: fx.GraphModule) -> bool:
                            dtype=torch.int8)
                ->  %f = fxpass.fused_add_rmsnorm_quant(%x, %residual, %w, %scale, 1e-06, 0.0)
                    %q = getitem(%f, 0);  %sum = getitem(%f, 1)
+
+    Called as a plain function (no ``ctx``), it rewrites as :func:`~fxpass.rewrite.rewrite`
+    does without one.
     """
-    return rewrite(gm, RULES, once=True).modified
+    return rewrite(gm, RULES, once=True, ctx=ctx).modified

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...rewrite.driver import RuleSet, rewrite
 from ...rewrite.pattern import P
@@ -47,7 +48,7 @@ RULES = RuleSet(
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
     edits="editor",
 )
-def fuse_rmsnorm(gm: fx.GraphModule) -> bool:
+def fuse_rmsnorm(gm: fx.GraphModule, ctx: PassContext | None = None) -> bool:
     """Fuse each RMSNorm — in any spelling of Llama, Mistral, Qwen2/3, Phi-3 or Gemma, with
     or without a float32 upcast, weight first or last, any ``eps``, Gemma's ``(1 + w)``,
     per-head q/k norms — into ``fxpass::rms_norm(x, w, eps, weight_offset)``.
@@ -67,5 +68,8 @@ def fuse_rmsnorm(gm: fx.GraphModule) -> bool:
         %n = aten.mul(%h, aten.rsqrt(aten.add(%v, 1e-06)))
         %out = aten.mul(%w, aten._to_copy(%n, dtype=torch.bfloat16))
                                     ->  %out = fxpass.rms_norm(%x, %w, 1e-06, 0.0)
+
+    Called as a plain function (no ``ctx``), it rewrites as :func:`~fxpass.rewrite.rewrite`
+    does without one.
     """
-    return rewrite(gm, RULES, once=True).modified
+    return rewrite(gm, RULES, once=True, ctx=ctx).modified

@@ -8,11 +8,11 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...edit.dialect_writer import Spelling
-from ...edit.editor import Editor, allow
+from ...edit.editor import Editor
 from ...fxutil.dialect import aten_op
 from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value, node_val
@@ -82,7 +82,9 @@ def _safe(node: fx.Node, self_node: fx.Node, info: AliasInfo) -> bool:
     return not earlier_aliases
 
 
-def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) -> bool:
+def _rewrite(
+    node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo, editor: Editor
+) -> bool:
     op, target, args, kwargs = call
     val = fake_value(target, args, kwargs, method=op == "call_method")
     old = node_val(self_node)
@@ -93,7 +95,6 @@ def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) ->
     graph = node.graph
     if op == "call_function" and aten_op(node.target) is not node.target:
         target, args, kwargs = Spelling(graph)(target, args, kwargs)
-    editor = Editor(pass_name=_NAME)
     with editor.change("replace", _NAME, [node]) as change:
         new = editor.insert(target, args, kwargs, op=op, rule=_NAME, origin=[node], before=node)
         new.meta["val" if "val" in self_node.meta else "example_value"] = val
@@ -115,7 +116,7 @@ def _rewrite(node: fx.Node, self_node: fx.Node, call: tuple, info: AliasInfo) ->
     },
     keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
-def inplace_to_functional(gm: fx.GraphModule) -> bool:
+def inplace_to_functional(gm: fx.GraphModule, ctx: PassContext) -> bool:
     """Replace in-place ops (``relu_``, ``add_``, ``x.mul_``, ``F.relu(inplace=True)``) by
     their functional twins where nothing can tell the difference.
 
@@ -132,7 +133,7 @@ def inplace_to_functional(gm: fx.GraphModule) -> bool:
         %relu_ = aten.relu_(%mm)          ->      %relu = aten.relu(%mm)
         %out = aten.add(%mm, 1)                   %out = aten.add(%relu, 1)
     """
-    changed = False
+    changed, editor = False, ctx.editor
     info: AliasInfo | None = None
     for node in list(gm.graph.nodes):
         written = written_args(node)
@@ -143,7 +144,8 @@ def inplace_to_functional(gm: fx.GraphModule) -> bool:
             stat("kept")
             continue
         info = info or aliasing(gm)
-        if _safe(node, written[0], info) and allow() and _rewrite(node, written[0], call, info):
+        safe = _safe(node, written[0], info)
+        if safe and editor.allow() and _rewrite(node, written[0], call, info, editor):
             stat("rewritten")
             changed, info = True, None
         else:

@@ -8,11 +8,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.contract import PassResult
 from ...core.pass_registry import register
 from ...edit.dialect_writer import Spelling
-from ...edit.editor import Editor
 from ...fxutil.values import fake_value, node_val
 
 __all__ = ["repair_input_as_output"]
@@ -39,7 +38,11 @@ def _is_tensor(node: fx.Node, index: int, sample_inputs: Sequence[Any]) -> bool 
     keeps=("val", "layouts", "stack_trace", "nn_module_stack", "provenance"),
 )
 def repair_input_as_output(
-    gm: fx.GraphModule, sample_inputs: Sequence[Any], *, assume_tensors: bool = False
+    gm: fx.GraphModule,
+    sample_inputs: Sequence[Any],
+    ctx: PassContext,
+    *,
+    assume_tensors: bool = False,
 ) -> PassResult:
     """Insert a clone where a graph input is also a graph output.
 
@@ -60,7 +63,7 @@ def repair_input_as_output(
     changed = False
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     spell = Spelling(gm.graph)  # an Edge graph gets an Edge clone
-    editor = Editor(pass_name=_NAME)
+    editor = ctx.editor
     for index, node in enumerate(placeholders):
         outputs = [u for u in node.users if u.op == "output"]
         if not outputs:

@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.context import stat
+from ...core.context import PassContext, stat
 from ...core.pass_registry import register
 from ...edit.alias import lay_out_args
 from ...edit.dialect_writer import Spelling
-from ...edit.editor import Editor, allow
+from ...edit.editor import Editor
 from ...fxutil.dialect import aten_op
 from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value, node_val
@@ -90,6 +90,7 @@ def _convert(
     kwargs: dict,
     names: list[str],
     spell: Spelling,
+    editor: Editor,
 ) -> bool:
     """Call ``target`` with ``args`` / ``kwargs`` (laid out for it, changed in place here),
     numbers ``names`` made 0-d tensors, unless that changes the result's shape or dtype."""
@@ -100,7 +101,6 @@ def _convert(
     if like is None:
         return False
     positions = {a.name: i for i, a in enumerate(schema_of(target).arguments)}
-    editor = Editor(pass_name=_NAME)
     with editor.change("modify", _NAME, [node]) as change:
         made = []
         for name in names:
@@ -142,7 +142,9 @@ def _convert(
     },
     keeps=("val", "stack_trace", "nn_module_stack", "provenance"),
 )
-def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bool:
+def scalar_to_tensor(
+    gm: fx.GraphModule, ctx: PassContext, *, switch_overloads: bool = True
+) -> bool:
     """Turn Python numbers passed to ops as tensors into 0-d tensors (ExecuTorch's
     ``ScalarToTensorPass``), for backends whose kernels take only tensors.
 
@@ -158,7 +160,7 @@ def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bo
         %mul = aten.mul.Tensor(%x, 0.5)    ->     %scalar_tensor = aten.scalar_tensor(0.5, dtype=torch.float32)
                                                   %mul = aten.mul.Tensor(%x, %scalar_tensor)
     """
-    changed = False
+    changed, editor = False, ctx.editor
     spell = Spelling(gm.graph)  # an Edge graph keeps Edge ops
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -170,7 +172,7 @@ def scalar_to_tensor(gm: fx.GraphModule, *, switch_overloads: bool = True) -> bo
             target = _tensor_overload(target) or target
         args, kwargs = _bind(node, schema_of(original), schema_of(target))
         names = _numbers(target, args, kwargs)
-        if names and allow() and _convert(node, target, args, kwargs, names, spell):
+        if names and editor.allow() and _convert(node, target, args, kwargs, names, spell, editor):
             if target is not original:
                 stat("overloads_switched")
             changed = True
