@@ -9,6 +9,7 @@ from _shard_helpers import C10D, assert_vals_consistent, count, sharded
 
 import fxpass as fp
 from fxpass.distributed.sequence_parallel import scatter_graph
+from fxpass.edit.editor import Editor
 
 aten = torch.ops.aten
 
@@ -36,7 +37,7 @@ def test_statistics_and_the_rank_is_needed():
 
 def test_a_graph_without_all_reduces_is_left_alone():
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
-    assert scatter_graph(gm, 0, 2) == 0
+    assert scatter_graph(gm, 0, 2, Editor(None)) == 0
     assert not fp.Pipeline.parse("sequence_parallel{world_size=2,rank=0}").run(gm).modified
 
 

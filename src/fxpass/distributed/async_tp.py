@@ -30,12 +30,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import PassContext, stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..verify.streams import require_safe_streams
 from .collectives import C10D, Inserter
-from .strategy import running_context
+from .strategy import handed_context
 from .tensor_parallel import fake_mode, repropagate
 
 __all__ = ["async_tp"]
@@ -191,12 +191,12 @@ def _users_closure(node: fx.Node) -> list[fx.Node]:
         "chunks": "chunks per site",
     },
 )
-def async_tp(gm: fx.GraphModule, *, chunks: int = 2) -> bool:
+def async_tp(gm: fx.GraphModule, *, chunks: int = 2, ctx: PassContext | None = None) -> bool:
     """Split each all-gather -> matmul and matmul -> reduce-scatter into ``chunks`` so
     communication overlaps compute (see :mod:`fxpass.distributed.async_tp`)."""
     if chunks < 2:
         raise ValueError(f"async_tp: chunks must be at least 2, not {chunks}")
-    editor = running_context(RULE).editor
+    editor = handed_context(ctx, RULE).editor
     changed = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or len(node.users) != 1:

@@ -28,12 +28,12 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import PassContext, stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from .collectives import C10D, Inserter
 from .plan import DEFAULT_BUCKET
-from .strategy import running_context
+from .strategy import handed_context
 from .tensor_parallel import fake_mode, repropagate
 
 __all__ = ["DEFAULT_CAP", "DEFAULT_THRESHOLD", "bucket_collectives", "launches"]
@@ -201,7 +201,11 @@ def _merge(editor: Editor, bucket: list[fx.Node]) -> None:
     },
 )
 def bucket_collectives(
-    gm: fx.GraphModule, *, threshold: int = DEFAULT_THRESHOLD, cap: int = DEFAULT_CAP
+    gm: fx.GraphModule,
+    *,
+    threshold: int = DEFAULT_THRESHOLD,
+    cap: int = DEFAULT_CAP,
+    ctx: PassContext | None = None,
 ) -> bool:
     """Merge adjacent collectives of one kind and group, each at most ``threshold`` bytes
     and at most ``cap`` bytes together, into one (see
@@ -211,7 +215,7 @@ def bucket_collectives(
                          f"{threshold} and {cap}")  # fmt: skip
     before = launches(gm)
     buckets = find_buckets(gm, threshold, cap)
-    editor = running_context(RULE).editor
+    editor = handed_context(ctx, RULE).editor
     merged = 0
     for bucket in buckets:
         if not editor.allow():

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import PassContext, stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from .analysis import expert_decisions
@@ -58,7 +58,7 @@ from .experts import Block, find_blocks
 from .mesh import Mesh, Place, expert_range
 from .plan import ExpertBlock, PlanError, ShardPlan
 from .sites import Params
-from .strategy import Section, Strategy, StrategyPass, Survey, running_context
+from .strategy import Section, Strategy, StrategyPass, Survey, handed_context
 from .tensor_parallel import (
     current_weight,
     fake_mode,
@@ -267,7 +267,12 @@ STATISTICS = {
 
 @REGISTRY.register("expert_parallel", origin="fxpass", statistics=STATISTICS)
 def expert_parallel(
-    gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1, plan: str = ""
+    gm: fx.GraphModule,
+    *,
+    world_size: int = 0,
+    rank: int = -1,
+    plan: str = "",
+    ctx: PassContext | None = None,
 ) -> bool:
     """Keep this rank's experts of every mixture of experts the plan splits, rotate the
     routing so they come first, and zero the other experts' rows where they leave (see
@@ -278,7 +283,7 @@ def expert_parallel(
         raise TypeError(f"expert_parallel: plan is a plan JSON file, not {type(plan).__name__}")
     if not plan:
         raise PlanError("expert_parallel needs a plan (a JSON file from fxpass shard)")
-    ctx = running_context("expert_parallel")
+    ctx = handed_context(ctx, "expert_parallel")
     signature = ctx.program.signature if ctx.program is not None else None
     script = expert_script(gm, Params(gm, signature), ShardPlan.load(plan))
     if script.mesh.world_size != world_size:

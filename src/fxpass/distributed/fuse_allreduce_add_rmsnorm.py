@@ -18,6 +18,7 @@ import torch
 from torch import fx
 from torch.fx import Proxy
 
+from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..fxutil.layout import same_layout
 from ..passes.fusion import ADD, add_ok, fake_result, keep_layout, norm_ok, rms_norm, scalars
@@ -26,7 +27,7 @@ from ..rewrite.driver import RuleSet, rewrite
 from ..rewrite.pattern import P
 from ..rewrite.rule import Rule
 from .collectives import C10D, sink_below_views, sum_all_reduces
-from .strategy import running_context
+from .strategy import handed_context
 
 __all__ = ["RULES", "fuse_allreduce_add_rmsnorm"]
 
@@ -111,7 +112,7 @@ RULES = RuleSet(
         "rewrites": "all-reduces fused with the residual add and norm after them",
     },
 )
-def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule) -> bool:
+def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule, ctx: PassContext | None = None) -> bool:
     """Fuse a sum all-reduce, the residual add it feeds and the RMSNorm of the sum into
     ``fxpass::all_reduce_add_rmsnorm(partial, residual, w, eps, weight_offset, group)``.
 
@@ -125,6 +126,6 @@ def fuse_allreduce_add_rmsnorm(gm: fx.GraphModule) -> bool:
                                                                 1e-06, 0.0, "0")
                             %out = getitem(%f, 0)      # the sum's other users read %f[1]
     """
-    editor = running_context("fuse_allreduce_add_rmsnorm").editor
+    editor = handed_context(ctx, "fuse_allreduce_add_rmsnorm").editor
     sunk = [sink_below_views(*pair, editor) for pair in sum_all_reduces(gm)]
-    return rewrite(gm, RULES, once=True).modified or any(sunk)
+    return rewrite(gm, RULES, once=True, ctx=ctx).modified or any(sunk)

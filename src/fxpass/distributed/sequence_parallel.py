@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import PassContext, stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..fxutil.fx_internals import sort_key
@@ -51,7 +51,7 @@ from .placement import NotShardable, Shard
 from .plan import ShardError
 from .rules import RULES
 from .sites import target_of
-from .strategy import running_context
+from .strategy import handed_context
 from .tensor_parallel import fake_mode, rank_key, repropagate, resolve_rank
 
 __all__ = ["sequence_parallel"]
@@ -217,15 +217,14 @@ def _per_token(value: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() >= 2 and val.shape[-1] == 1
 
 
-def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
-    """Turn the graph's sum all-reduces into reduce-scatters (see the module docstring);
-    returns how many."""
+def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int, editor: Editor) -> int:
+    """Turn the graph's sum all-reduces into reduce-scatters (see the module docstring),
+    editing through ``editor``; returns how many."""
     # a distributed norm's all-reduce (one value per token, [..., 1]) stays: its result
     # scales feature-sharded values of every token, which the scattered layout cannot hold
     pairs = [(r, w) for r, w in collectives.sum_all_reduces(gm) if not _per_token(r.args[0])]
     if not pairs:
         return 0
-    editor = running_context(RULE).editor
     seeds: dict[fx.Node, Shard] = {}
     scatter = _Scatter(editor, rank, world_size, pairs[0][0].args[2])
     for reduce, wait in pairs:
@@ -257,14 +256,16 @@ def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int) -> int:
         "slices": "replicated values sliced to this rank's tokens",
     },
 )
-def sequence_parallel(gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1) -> bool:
+def sequence_parallel(
+    gm: fx.GraphModule, *, world_size: int = 0, rank: int = -1, ctx: PassContext | None = None
+) -> bool:
     """Replace each sum all-reduce by a reduce-scatter over the tokens, run the token-wise
     ops (residual adds, norms) on this rank's tokens, and all-gather where all tokens are
     needed (see :mod:`fxpass.distributed.sequence_parallel`)."""
     world_size, rank = resolve_rank(world_size, rank)
     if world_size == 1:
         return False
-    count = scatter_graph(gm, rank, world_size)
+    count = scatter_graph(gm, rank, world_size, handed_context(ctx, RULE).editor)
     if not count:
         return False
     repropagate(gm, fake_mode(gm))

@@ -39,7 +39,7 @@ __all__ = [
     "StrategyPass",
     "Survey",
     "analyze_into",
-    "running_context",
+    "handed_context",
     "split_program",
     "strategies",
     "strategy",
@@ -195,14 +195,11 @@ class StrategyPass(Pass):
         raise NotImplementedError
 
 
-def running_context(pass_name: str) -> Any:
-    """ADAPTER, until a function pass receives its context by argument (issue 30 item 1,
-    done for the library's passes elsewhere): the :class:`~fxpass.core.PassContext` of the
-    run the registered function pass ``pass_name`` is part of. The strategies' rewrites
-    in ``fxpass.shard`` do not use it: they are handed the context (:class:`StrategyPass`)."""
-    from ..core.context import current_context
-
-    ctx = current_context()
+def handed_context(ctx: Any, pass_name: str) -> Any:
+    """The :class:`~fxpass.core.PassContext` a registered function pass was handed (its
+    ``ctx`` parameter), or a one-line error when ``pass_name`` was called as a plain
+    function. The strategies' rewrites in ``fxpass.shard`` are :class:`StrategyPass`
+    objects, handed it by their ``call``."""
     if ctx is None:
         raise RuntimeError(
             f"{pass_name} is a pass: run it in a pipeline (fxpass.apply(program, "

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import PassContext, stat
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..fxutil.ops import schema_of
@@ -59,7 +59,7 @@ from .placement import Shard, local_slice
 from .plan import Decision, PlanError, ShardError, ShardPlan, plural
 from .propagate import Flow, Refused
 from .sites import Params, Site, find_sites, target_of
-from .strategy import Section, Strategy, StrategyPass, Survey, running_context
+from .strategy import Section, Strategy, StrategyPass, Survey, handed_context
 
 __all__ = [
     "STRATEGY",
@@ -510,6 +510,7 @@ def tensor_parallel(
     rank: int = -1,
     plan: str = "",
     group: str = collectives.DEFAULT_GROUP,
+    ctx: PassContext | None = None,
 ) -> bool:
     """Shard the graph for one rank of a tensor-parallel group: slice the weights, rewrite
     head counts, insert functional collectives (see :mod:`fxpass.distributed.tensor_parallel`).
@@ -524,7 +525,7 @@ def tensor_parallel(
         return False
     if not isinstance(plan, str):
         raise TypeError(f"tensor_parallel: plan is a plan JSON file, not {type(plan).__name__}")
-    ctx = running_context("tensor_parallel")
+    ctx = handed_context(ctx, "tensor_parallel")
     script = script_for(gm, ShardPlan.load(plan) if plan else None, world_size, ctx.program)
     mesh = script.mesh or Mesh(tp=world_size)
     named = group != collectives.DEFAULT_GROUP and mesh.pp == 1
