@@ -8,7 +8,8 @@ Every new node gets
   the same replacement with the same shapes hundreds of times, so the evaluator's results are
   remembered by (op, input metadata) for the process; where a remembered result is used, the
   value of the node being replaced stands in for a fresh fake tensor when it has exactly the
-  result's metadata.
+  result's metadata. Results on symbolic sizes (a graph with a dynamic dimension) are
+  remembered per fake mode the same way (:mod:`._symbolic_results`).
 * ``stack_trace``, ``nn_module_stack`` (and ``source_fn_stack``, ``torch_fn``) of the node
   it replaces, or of the match's root;
 * ``from_node``: torch's provenance list (:class:`torch.fx.traceback.NodeSource`, one per
@@ -24,11 +25,13 @@ from typing import Any
 
 import torch
 from torch.fx import Node
+from torch.fx.node import map_arg
 
 from ..edit.provenance import COPIED_META, node_sources, provenance_record
 from ..fxutil.fx_internals import node_args, node_kwargs
 from ..fxutil.paths import find_path
 from ..fxutil.values import FakeEvaluator, Strictness, node_val
+from ._symbolic_results import SYMBOLIC_RESULTS
 
 __all__ = ["MetaPropagator"]
 
@@ -99,14 +102,27 @@ class MetaPropagator:
             return self.evaluator(n.graph).fake(value)
         if n.op not in ("call_function", "call_method"):
             return None
-        return self.evaluator(n.graph).run_on_nodes(
-            n.target,
-            args,
-            node_kwargs(n),
-            kind=n.op,
-            node=n,
-            prefer=_donor_values(n, donors) if donors else None,
-        )
+        kwargs = node_kwargs(n)
+        prefer = _donor_values(n, donors) if donors else None
+        evaluator = self.evaluator(n.graph)
+
+        def compute() -> Any:
+            return evaluator.run_on_nodes(n.target, args, kwargs, kind=n.op, node=n, prefer=prefer)
+
+        if n.op != "call_function":
+            return compute()
+        missing: list[Node] = []
+
+        def val(a: Node) -> Any:
+            v = node_val(a)
+            if v is None:
+                missing.append(a)
+            return v
+
+        values = map_arg((args, kwargs), val)
+        if missing:  # the evaluator says which
+            return compute()
+        return SYMBOLIC_RESULTS.call(n.target, values[0], values[1], compute, prefer=prefer)
 
     # ----- provenance -------------------------------------------------------------------
     @staticmethod

@@ -33,6 +33,7 @@ CASES = [
     "ir_lowering",
     "rms_quant[static]",
     "rms_quant[dynamic]",
+    "act_quant",
 ]
 DUMPS = "dump_patterns"
 

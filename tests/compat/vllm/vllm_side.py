@@ -274,6 +274,49 @@ def case_rms_quant(static: bool) -> dict[str, Any]:
     return run
 
 
+def case_act_quant() -> dict[str, Any]:
+    """tests/compile/passes/test_silu_mul_quant_fusion.py, as it runs without vLLM's fp8
+    linear kernels: ``SiluAndMul`` (its native form) followed by vLLM's static per-tensor
+    ``QuantFP8``, into ``_C.silu_and_mul_quant`` (defined by ``cpu_ops``); the token
+    dimension dynamic."""
+    from vllm.compilation.passes.fusion.act_quant_fusion import ActivationQuantFusionPass
+    from vllm.compilation.passes.utility.noop_elimination import NoOpEliminationPass
+    from vllm.compilation.passes.utility.post_cleanup import PostCleanupPass
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    hidden = 64
+    config = vllm_config()
+    with set_current_vllm_config(config):
+
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.silu_and_mul = SiluAndMul()
+                self.quant = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR)
+                self.scale = torch.tensor([0.05], dtype=torch.float32)
+                self.weight = torch.rand(hidden, hidden) / hidden
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                y = self.silu_and_mul(x)
+                q, s = self.quant(y, self.scale)
+                return (q.to(torch.float32) * s).to(y.dtype) @ self.weight
+
+        torch.set_default_dtype(torch.bfloat16)
+        torch.manual_seed(2)
+        fusion, t = construct(lambda: ActivationQuantFusionPass(config))
+        passes = [NoOpEliminationPass(config), fusion, PostCleanupPass(config)]
+        x = torch.rand(33, 2 * hidden)
+        torch._dynamo.mark_dynamic(x, 0)
+        run = compiled_run(passes, Model(), x)
+        torch.set_default_dtype(torch.float32)
+    run["matched"] = {"act_quant": fusion.matched_count}
+    run["register_s"] = t
+    return run
+
+
 def case_dump_patterns() -> dict[str, Any]:
     """``VllmPatternMatcherPass.dump_patterns``: every registered pattern printed by
     Inductor's ``PatternPrettyPrinter`` (as vLLM dumps them with ``debug_dump_path``)."""
@@ -306,6 +349,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "ir_lowering": case_ir_lowering,
     "rms_quant[static]": lambda: case_rms_quant(True),
     "rms_quant[dynamic]": lambda: case_rms_quant(False),
+    "act_quant": case_act_quant,
     "dump_patterns": case_dump_patterns,
 }
 

@@ -186,13 +186,24 @@ class Variant:
     """The specific pattern and the replacement for one signature (see the module docstring)."""
 
     specific: PatternExpr | None
-    replacement: SymbolicTrace
+    #: the replacement's trace; None until first read when ``make`` traces it (a match
+    #: whose check fails never needs it: Inductor traces a replacement only for a match
+    #: that passed)
+    traced: SymbolicTrace | None
     guards: list[Guards]
     plan: Plan | None = None
     #: when the registered pattern comes from this variant's trace: per op expression of
     #: it, the arguments it ignores and what the specific pattern wants there (checking
     #: them is the specific match, without matching again)
     slots: list[tuple[Any, list[tuple[int, Any]]]] | None = None
+    make: Callable[[], SymbolicTrace] | None = None
+
+    @property
+    def replacement(self) -> SymbolicTrace:
+        if self.traced is None:
+            assert self.make is not None, "a variant without a replacement"
+            self.traced, self.make = self.make(), None
+        return self.traced
 
     def replay(self, args: Sequence[Any], literals: dict[Any, Any]) -> Replay:
         if self.plan is None:
@@ -321,11 +332,15 @@ class ReplacementRecipe:
                     scalar_workaround=self.workaround,
                     exclusive_arg_names=self.exclusive,
                 )
-            rgm = self._trace(self.replace_fn, args)
+
+        def replacement() -> SymbolicTrace:  # when a match of these sizes first passes
+            with mode:
+                return SymbolicTrace(self._trace(self.replace_fn, args), [])
+
         slots = None
         if specific is not None and self._blind is not None:
             slots = literal_slots(self._blind, specific)
-        return Variant(specific, SymbolicTrace(rgm, []), [], slots=slots)
+        return Variant(specific, None, [], slots=slots, make=replacement)
 
     def variant_for(self, values: Sequence[Any]) -> Variant | None:
         """The variant for a match's flat input values (tensors: their ``meta['val']``,

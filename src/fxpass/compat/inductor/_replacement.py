@@ -115,6 +115,17 @@ def _acyclic(found: Any, variant: Any, flat: list[Any]) -> bool:
     return not any(v in dependent and ph.users for ph, v in zip(phs, flat))
 
 
+def _replacement_traces(variant: Any) -> bool:
+    """Whether the variant's replacement traces (its trace waits for the first match that
+    passes the check); one that cannot be traced for these sizes is no match, as before."""
+    try:
+        variant.replacement  # noqa: B018  (traces it, once)
+    except Exception as e:  # broad: whatever the trace raises, the match is refused
+        log.info("tracing the replacement failed: %s", e)
+        return False
+    return True
+
+
 def _slots_hold(slots: list, match: Match) -> bool:
     """The specific pattern's literals and sizes at the arguments the registered pattern
     ignored, checked on the match's own nodes (same trace, same structure)."""
@@ -270,12 +281,16 @@ def register_replacement(
         if not guard_or_false(extra_check(found)):
             return no("extra_check returned False")
         if explaining:
+            if not _replacement_traces(variant):
+                return "the replacement function cannot be traced for these inputs"
             if match._found is not None and not _acyclic(match._found, variant, flat):
                 return "cycle: the replacement reads a value computed from the match's nodes"
             return None
         return accept(match, variant, structured)
 
     def accept(match: Match, variant: Any, structured: dict[str, Any]) -> bool:
+        if not _replacement_traces(variant):
+            return False
         literals = {key: (structured[name],) for key, name in recipe.literals.items()}
         flat = normalize_args(**structured)
         if match._found is not None and not _acyclic(match._found, variant, flat):

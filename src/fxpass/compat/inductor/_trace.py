@@ -74,16 +74,19 @@ def fwd_only(
     """An inference graph of ``fn(*args)`` in Inductor's dialect (its decompositions, its
     no-op removal), as Inductor's ``fwd_only`` builds it."""
     from torch._dispatch.python import enable_python_dispatcher
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.traceback import preserve_node_meta
 
-    with enable_python_dispatcher(), preserve_node_meta():
-        gm = make_fx(fn, _decomps(get_decomp_fn), tracing_mode="real")(*args)
-    if run_functional_passes:
-        from torch._inductor.fx_passes.post_grad import remove_noop_ops
+    # the module's Python code is generated when first needed (a pattern reads the graph only)
+    with _use_lazy_graph_module(True):
+        with enable_python_dispatcher(), preserve_node_meta():
+            gm = make_fx(fn, _decomps(get_decomp_fn), tracing_mode="real")(*args)
+        if run_functional_passes:
+            from torch._inductor.fx_passes.post_grad import remove_noop_ops
 
-        remove_noop_ops(gm.graph)
-        gm.graph.eliminate_dead_code()
-    gm.recompile()
+            remove_noop_ops(gm.graph)
+            gm.graph.eliminate_dead_code()
+        gm.recompile()
     return gm
 
 
