@@ -144,7 +144,7 @@ class OpCall(_P):
         subs = [
             (i, s)
             for i, s in enumerate(self.slots)
-            if isinstance(s, Pattern) and not (s.free and not s._shared)
+            if isinstance(s, Pattern) and not (s.free and not s.shared)
         ]
         # op patterns first: they fail fastest (the order of checks changes no result)
         subs.sort(key=lambda sub: 1 if isinstance(sub[1], (OpCall, Through)) else sub[1].RANK)
