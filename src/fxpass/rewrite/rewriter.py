@@ -11,7 +11,7 @@ declines leaves the graph as it was: no rewrite is ever half-applied.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -106,13 +106,6 @@ def _tracer_in(args: tuple) -> Any:
             if t is not None:
                 return t
     return None
-
-
-def replacement_editor(bindings: Iterable[Any]) -> Editor:
-    """The editor of the rewrite whose replacement got these bindings (their proxies'
-    tracer's), or one for the running pass."""
-    tracer = _tracer_in(tuple(bindings))
-    return tracer.editor if isinstance(tracer, _Tracer) else Editor.current()
 
 
 def _unwrap(a: Any) -> Any:
@@ -299,7 +292,7 @@ class Rewriter:
             env = {k: _wrap(bindings[k], tracer) for k in names if k in bindings}
         try:
             with graph.inserting_before(anchor):
-                result = rule.build(env, match)
+                result = rule.build(env, match, self.editor)
             self._constants(nodes_between(before, anchor))
             new = nodes_between(before, anchor)
             values = None if result is None else self._values(match, result)

@@ -26,9 +26,11 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
+from ...edit.editor import Editor
 from ...fxutil.fx_internals import is_erased
+from ...rewrite import GraphReplacement
 from ...rewrite import Match as _FxMatch
-from ...rewrite.rewriter import RewriteError, Rewriter, replacement_editor
+from ...rewrite.rewriter import RewriteError, Rewriter
 from ._trace import size_of
 
 __all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph"]
@@ -63,7 +65,7 @@ class _SymRef:
         self.i, self.kind, self.d = i, kind, d
 
 
-class Replay:
+class Replay(GraphReplacement):
     """A traced replacement graph with the values it is replayed on: ``args`` for its
     input placeholders (after ``len(sources)`` size-symbol placeholders, each read from
     ``args[i]``'s size or stride), ``literals``: traced stand-in literal -> its value here.
@@ -101,9 +103,9 @@ class Replay:
     def n_results(self) -> int:
         return self.plan.results
 
-    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+    def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
         graph = match.graph
-        self.editor = replacement_editor(bindings.values())  # the rewrite's, which tells the run
+        self.editor = editor  # the rewrite's, which tells the run
         env: dict[Node, Any] = dict(zip(self.in_phs, self.args))
         sizes: dict[tuple, Any] = {}
 
@@ -331,7 +333,7 @@ def _nodes(match: Any, found: Any) -> list[Node]:
     return list(seen)
 
 
-class _Pick:
+class _Pick(GraphReplacement):
     """A replacement returning several values for one output: each getitem user of the
     output takes the value it indexes."""
 
@@ -339,10 +341,10 @@ class _Pick:
         self.replay = replay
         self.pick = pick
 
-    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+    def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
         shared = self.replay.shared
         self.replay.shared = []
-        values = self.replay._fxpass_replace(match, bindings)
+        values = self.replay.write(match, bindings, editor)
         self.replay.shared = shared
         picked = tuple(values[i] for i in self.pick)
         self.replay.result = picked
