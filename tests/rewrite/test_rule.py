@@ -10,7 +10,7 @@ import torch
 from _rewrite_helpers import count, exported_arith, run
 
 import fxpass as fp
-from fxpass.rewrite import GraphReplacement, P, Rule, RuleSet, rewrite, rules
+from fxpass.rewrite import GraphReplacement, P, RewriteError, Rule, RuleSet, rewrite, rules
 
 aten = torch.ops.aten
 x = P.var("x")
@@ -165,3 +165,32 @@ def test_a_replacement_is_a_function_or_a_graph_replacement_not_a_look_alike():
 
     with pytest.raises(TypeError, match="must be a function or a GraphReplacement"):
         Rule(P(aten.mul.Tensor, x, 2), LooksLikeOne())
+
+
+def test_the_rewriter_applies_a_replacement_passed_per_match_under_the_name_given():
+    from fxpass.rewrite import Rewriter
+
+    ep, args = exported_arith()
+    expected = run(ep, args)
+    gm = ep.graph_module
+    rule = Rule(P(aten.mul.Tensor, x, 2), lambda x: None, name="declines")  # its own: no
+    node = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor and n.args[1] == 2)
+    match = rule.match(node)
+    double = _Double()
+    rewriter = Rewriter(gm)
+    assert rewriter.apply(match, replacement=double, name="entry")
+    assert rule.replacement is not double and rule.name == "declines"  # the rule is as it was
+    assert count(gm, aten.mul.Tensor) == 1 and len(double.editors) == 1
+    assert double.editors[0] is rewriter.editor
+    made = [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+    assert [n.meta["fxpass_provenance"]["rule"] for n in made] == ["entry"]
+    torch.testing.assert_close(run(ep, args), expected)
+
+    class Raises(GraphReplacement):
+        def write(self, match, bindings, editor):
+            raise ValueError("no")
+
+    node = next(n for n in gm.graph.nodes if n.target is aten.relu.default)
+    relu = Rule(P(aten.relu.default, x), lambda x: x, name="relu")
+    with pytest.raises(RewriteError, match="rule 'entry2'.*raised ValueError: no"):
+        rewriter.apply(relu.match(node), replacement=Raises(), name="entry2")

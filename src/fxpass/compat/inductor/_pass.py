@@ -238,12 +238,12 @@ class _Run:
             return
         if not self.one_region(m.nodes) or not _one_stream(m.nodes):
             return
-        m._run = self
+        m.run = self
         if (
             isinstance(entry, GraphPatternEntry)
-            and m._found is not None
-            and not m._extra
-            and dependent_values(m._found)
+            and m.found is not None
+            and not m.extra
+            and dependent_values(m.found)
         ):  # a bound value computed from the match's nodes: what the handler reads is unknown
             return
         if not _truthy(entry.extra_check(m)):
@@ -251,7 +251,7 @@ class _Run:
         if not self.rewriter.editor.allow():
             return
         self.stats.matches += 1
-        self.stats.extra += int(m._extra)
+        self.stats.extra += int(m.extra)
         tally[1] += 1
         c = self.counters[_BACKEND]
         c["pattern_matcher_count"] += 1

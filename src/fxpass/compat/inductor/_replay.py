@@ -16,7 +16,7 @@ own); ``None`` outputs are skipped.
 
 from __future__ import annotations
 
-import copy
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -290,23 +290,20 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
             )
         outs, pick, extra_nodes = users, [u.args[1] for u in users], users
     else:
-        inside = set(_nodes(match, match._found))
+        inside = set(_nodes(match, match.found))
         keep = [i for i, o in enumerate(outs) if o in inside]
         if len(keep) < len(outs):  # an output that is an input of the match: its readers
             outs, pick = [outs[i] for i in keep], keep  # keep reading it
-    run = match._run
+    run = match.run
     rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
-    found = match._found
+    found = match.found
     nodes = _nodes(match, found) + extra_nodes
     region = set(nodes).union(found.dropped if found is not None else ())
     out_set = set(outs)
     replay.shared = [n for n in nodes if n not in out_set and any(u not in region for u in n.users)]
     replay.chains = {n for chain in (found.chains if found is not None else ()) for n in chain}
-    rule = copy.copy(found.rule) if found is not None else _stub_rule(name)
-    rule.name = name
-    rule.replacement = _Pick(replay, pick) if pick is not None else replay
     fx_match = _FxMatch(
-        rule=rule,
+        rule=found.rule if found is not None else _hand_made_rule(),
         root=outs[0],
         bindings=dict(found.bindings) if found is not None else {},
         nodes=nodes,
@@ -316,7 +313,8 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
         seen_through=list(found.seen_through) if found is not None else [],
     )
     old_outs = list(outs)
-    if not rewriter.apply(fx_match):
+    replacement = _Pick(replay, pick) if pick is not None else replay
+    if not rewriter.apply(fx_match, replacement=replacement, name=name):
         return []
     _transfer_meta(old_outs, replay.result, set(rewriter.created))
     if run is not None:
@@ -351,10 +349,13 @@ class _Pick(GraphReplacement):
         return picked + tuple(self.replay._same_as(match.graph, n) for n in shared)
 
 
-def _stub_rule(name: str) -> Any:
+@functools.cache
+def _hand_made_rule() -> Any:
+    """The rule of a match made by hand (no fxpass match behind it): it matches anything;
+    what replaces the match is the replay, passed to the rewriter with the entry's name."""
     from ...rewrite import P, Rule
 
-    return Rule(P.any(), lambda: None, name=name, contained=False, location="")
+    return Rule(P.any(), lambda: None, contained=False, location="")
 
 
 def _module_or_graph(graph: fx.Graph) -> Any:
@@ -376,5 +377,5 @@ def replace_with_graph(match: Any, replacement_graph: Any, args: Sequence[Any]) 
         raise TypeError(
             f"replace_with_graph needs a GraphModule, got {type(replacement_graph).__name__}"
         )
-    name = match._run.entry_name if match._run is not None else "replace_with_graph"
+    name = match.run.entry_name if match.run is not None else "replace_with_graph"
     return apply_replay(match, Replay(replacement_graph, args), name)
