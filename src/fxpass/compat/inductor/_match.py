@@ -111,7 +111,7 @@ class Match:
 
     def erase_nodes(self) -> None:
         """Erase the matched nodes nothing uses any more (users first), through the editor."""
-        editor = self.run.rewriter.editor if self.run is not None else Editor()
+        editor = self.run.rewriter.editor if self.run is not None else Editor.current()
         for n in reversed(self.nodes):
             if not is_erased(n) and not n.users:
                 editor.erase(n, _rule_name(self))
