@@ -108,9 +108,6 @@ ALLOWED_PRIVATE_READS = {
     # are mapped to ATen; fxpass's Editor has a ``_name`` of its own)
     ("*", "_ops"): "torch._ops",
     ("fxutil", "_name"): "OpOverload._name",
-    # compat/inductor reads Pattern._shared; issue 30 item 2 (the public rewrite/compat
-    # contract) moves it onto Pattern.shared
-    ("compat", "_shared"): "issue 30 item 2",
 }
 
 

@@ -10,7 +10,7 @@ import torch
 from _rewrite_helpers import count, exported_arith, run
 
 import fxpass as fp
-from fxpass.rewrite import P, Rule, RuleSet, rewrite, rules
+from fxpass.rewrite import GraphReplacement, P, RewriteError, Rule, RuleSet, rewrite, rules
 
 aten = torch.ops.aten
 x = P.var("x")
@@ -125,3 +125,72 @@ def test_registering_a_rule_set_as_a_pass():
         torch.testing.assert_close(run(ep, args), expected)
     finally:
         fp.registry.unregister(name)
+
+
+class _Double(GraphReplacement):
+    """``x * 2`` written as ``x + x``, node by node, through the editor it is handed."""
+
+    def __init__(self):
+        self.editors = []
+
+    def write(self, match, bindings, editor):
+        self.editors.append(editor)
+        x = bindings["x"].node
+        return editor.create(match.graph, "call_function", aten.add.Tensor, (x, x), {})
+
+
+def test_a_graph_replacement_writes_its_nodes_through_the_rewrites_editor():
+    ep, args = exported_arith()
+    expected = run(ep, args)
+    events = []
+
+    class Spy(fp.core.Instrumentation):
+        def on_change(self, event, ctx):
+            events.append((event.kind, event.rule, [n.target for n in event.new]))
+
+    double = _Double()
+    twice = rules("twice", [Rule(P(aten.mul.Tensor, x, 2), double, name="twice")])
+    fp.Pipeline([twice]).run(ep.graph_module, instrument=[Spy()])
+    assert count(ep.graph_module, aten.mul.Tensor) == 1  # x * 1 is not x * 2
+    torch.testing.assert_close(run(ep, args), expected)
+    assert events == [("replace", "twice", [aten.add.Tensor])]  # told once, by the rewrite
+    assert len(double.editors) == 1 and double.editors[0].ctx is not None
+    made = [n for n in ep.graph_module.graph.nodes if "fxpass_provenance" in n.meta]
+    assert [n.target for n in made] == [aten.add.Tensor]
+
+
+def test_a_replacement_is_a_function_or_a_graph_replacement_not_a_look_alike():
+    class LooksLikeOne:
+        def write(self, match, bindings, editor): ...
+
+    with pytest.raises(TypeError, match="must be a function or a GraphReplacement"):
+        Rule(P(aten.mul.Tensor, x, 2), LooksLikeOne())
+
+
+def test_the_rewriter_applies_a_replacement_passed_per_match_under_the_name_given():
+    from fxpass.rewrite import Rewriter
+
+    ep, args = exported_arith()
+    expected = run(ep, args)
+    gm = ep.graph_module
+    rule = Rule(P(aten.mul.Tensor, x, 2), lambda x: None, name="declines")  # its own: no
+    node = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor and n.args[1] == 2)
+    match = rule.match(node)
+    double = _Double()
+    rewriter = Rewriter(gm)
+    assert rewriter.apply(match, replacement=double, name="entry")
+    assert rule.replacement is not double and rule.name == "declines"  # the rule is as it was
+    assert count(gm, aten.mul.Tensor) == 1 and len(double.editors) == 1
+    assert double.editors[0] is rewriter.editor
+    made = [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+    assert [n.meta["fxpass_provenance"]["rule"] for n in made] == ["entry"]
+    torch.testing.assert_close(run(ep, args), expected)
+
+    class Raises(GraphReplacement):
+        def write(self, match, bindings, editor):
+            raise ValueError("no")
+
+    node = next(n for n in gm.graph.nodes if n.target is aten.relu.default)
+    relu = Rule(P(aten.relu.default, x), lambda x: x, name="relu")
+    with pytest.raises(RewriteError, match="rule 'entry2'.*raised ValueError: no"):
+        rewriter.apply(relu.match(node), replacement=Raises(), name="entry2")

@@ -4,5 +4,6 @@
 provenance), :mod:`~fxpass.edit.provenance` (``from_node`` and ``fxpass_provenance`` of new
 nodes), :mod:`~fxpass.edit.location` (where code was written or called from),
 :mod:`~fxpass.edit.alias` (who writes which memory, which values share it),
-:mod:`~fxpass.edit.dialect_writer` (the dialect new nodes are written in).
+:mod:`~fxpass.edit.dialect_writer` (the dialect new nodes are written in),
+:mod:`~fxpass.edit.watch` (seeing edits made without the editor, to tell the run of them).
 """

@@ -38,7 +38,7 @@ from .match import Matcher, RuleStats
 from .pattern import P, Pattern
 from .region import Match
 from .rewriter import RewriteError, Rewriter
-from .rule import DROPPABLE_USERS, Rule
+from .rule import DROPPABLE_USERS, GraphReplacement, Rule
 from .spelling import CAST_OPS
 from .traced import IRS, Replacement, TraceError, trace, traced_rule
 
@@ -47,6 +47,7 @@ __all__ = [
     "DROPPABLE_USERS",
     "Explanation",
     "GraphExplanation",
+    "GraphReplacement",
     "IRS",
     "Match",
     "Matcher",

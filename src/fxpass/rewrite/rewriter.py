@@ -11,7 +11,7 @@ declines leaves the graph as it was: no rewrite is ever half-applied.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from .match import RuleStats
 from .metadata import MetaPropagator
 from .order import TopoOrder, users_before
 from .region import Match, _droppable
+from .rule import GraphReplacement
 
 __all__ = ["RewriteError", "Rewriter", "constant_node"]
 
@@ -39,9 +40,10 @@ __all__ = ["RewriteError", "Rewriter", "constant_node"]
 class RewriteError(FxpassError):
     """A rule's replacement raised or returned something that cannot replace the match."""
 
-    def __init__(self, rule: Any, message: str) -> None:
+    def __init__(self, rule: Any, message: str, name: str | None = None) -> None:
         self.rule = rule
-        super().__init__(f"rule '{rule.name}' (written at {short(rule.location)}): {message}")
+        name = rule.name if name is None else name
+        super().__init__(f"rule '{name}' (written at {short(rule.location)}): {message}")
 
 
 class _Tracer(GraphAppendingTracer):
@@ -106,13 +108,6 @@ def _tracer_in(args: tuple) -> Any:
             if t is not None:
                 return t
     return None
-
-
-def replacement_editor(bindings: Iterable[Any]) -> Editor:
-    """The editor of the rewrite whose replacement got these bindings (their proxies'
-    tracer's), or one for the running pass."""
-    tracer = _tracer_in(tuple(bindings))
-    return tracer.editor if isinstance(tracer, _Tracer) else Editor.current()
 
 
 def _unwrap(a: Any) -> Any:
@@ -202,17 +197,30 @@ class Rewriter:
         return self._spelling
 
     # ----- applying a match ---------------------------------------------------------------
-    def apply(self, match: Match, stats: RuleStats | None = None) -> bool:
-        """Replace ``match`` by its rule's replacement. False if skipped or declined."""
+    def apply(
+        self,
+        match: Match,
+        stats: RuleStats | None = None,
+        *,
+        replacement: GraphReplacement | None = None,
+        name: str | None = None,
+    ) -> bool:
+        """Replace ``match`` by its rule's replacement. False if skipped or declined.
+
+        ``replacement`` replaces the match instead of the rule's own (a client that decides
+        the replacement per match, e.g. compat's replay of a recorded Inductor replacement);
+        ``name`` is the name the change is told and recorded under instead of the rule's.
+        """
         rule = match.rule
+        name = rule.name if name is None else name
         editor = self.editor
         if not editor.allow():
             if stats is not None:
                 stats.skipped += 1
             return False
         # one change: told once, when the block ends; a replacement that raises tells nobody
-        with editor.change("replace", rule.name, match.nodes, location=rule.location) as change:
-            new = self._replace(match, change)
+        with editor.change("replace", name, match.nodes, location=rule.location) as change:
+            new = self._replace(match, change, name, replacement)
         if new is None:
             if stats is not None:
                 stats.declined += 1
@@ -223,7 +231,9 @@ class Rewriter:
             stats.rewritten += 1
         return True
 
-    def _replace(self, match: Match, change: Change) -> list[Node] | None:
+    def _replace(
+        self, match: Match, change: Change, name: str, replacement: GraphReplacement | None
+    ) -> list[Node] | None:
         """The edits of one rewrite (inside its change); the new nodes, or None (declined)."""
         rule = match.rule
         editor = self.editor
@@ -234,26 +244,26 @@ class Rewriter:
             order = self.order()
             anchor = max(outputs, key=order.__getitem__)
             movers = users_before(order, outputs, set(match.nodes), order[anchor])
-        new, values = self._build(match, anchor)
+        new, values = self._build(match, anchor, name, replacement)
         if values is None:
             change.cancel()
             return None
         if graph_is_edge(match.nodes):
-            self.spelling().respell(new, editor, rule.name)  # an Edge graph gets Edge ops
+            self.spelling().respell(new, editor, name)  # an Edge graph gets Edge ops
         donors = {v: o for o, v in zip(outputs, values) if v in new}
         self.meta.values(new, donors, match.root)
         if match.chains:
-            values = self._replay(match, new, values, anchor)
+            values = self._replay(match, new, values, anchor, name)
             donors = {v: o for o, v in zip(outputs, values) if v in new}
         for m in movers:  # readers of an inner output must follow the replacement
-            editor.move(m, before=anchor, rule=rule.name)
+            editor.move(m, before=anchor, rule=name)
         self.meta.provenance(
             new,
             donors,
             match.root,
             match.nodes,
             outputs=outputs,
-            rule=rule.name,
+            rule=name,
             pass_name=self.pass_name,
             location=rule.location,
         )
@@ -261,14 +271,14 @@ class Rewriter:
         for old, value in zip(outputs, values):
             if value is not old:
                 editor.replace_all_uses(
-                    old, value, rule.name, erase_old=False, only=lambda u: u not in new_set
+                    old, value, name, erase_old=False, only=lambda u: u not in new_set
                 )
-        editor.erase_all([*match.dropped, *match.nodes], rule.name)
+        editor.erase_all([*match.dropped, *match.nodes], name)
         if match.seen_through:  # their readers inside the match are gone now
-            editor.erase_all(_with_dropped_users(match.seen_through, rule.drop_users), rule.name)
+            editor.erase_all(_with_dropped_users(match.seen_through, rule.drop_users), name)
         unused = [n for n in new if not n.users and not n.is_impure()]
         if unused:  # e.g. a fused op's second result when the old value had no other reader
-            editor.erase_all(unused, rule.name)
+            editor.erase_all(unused, name)
             new = [n for n in new if not is_erased(n)]
         self.rewired = values  # the values that took over the outputs' uses
         change.new = new
@@ -285,29 +295,36 @@ class Rewriter:
         self.rewrites += 1
         return True
 
-    def _build(self, match: Match, anchor: Node) -> tuple[list[Node], list[Node] | None]:
-        """Run the replacement before ``anchor``; (new nodes, values per output or None)."""
+    def _build(
+        self, match: Match, anchor: Node, name: str, replacement: GraphReplacement | None
+    ) -> tuple[list[Node], list[Node] | None]:
+        """Run the replacement (``replacement``, else the rule's) before ``anchor``; (new
+        nodes, values per output or None)."""
         rule = match.rule
         graph = self.graph
         before = anchor.prev
         tracer = self._tracer
         bindings = match.bindings
-        names = rule.replacement_names()  # proxies only for what the replacement reads
+        # proxies only for what the replacement reads
+        names = rule.replacement_names() if replacement is None else None
         if names is None:
             env = {k: _wrap(v, tracer) for k, v in bindings.items()}
         else:
             env = {k: _wrap(bindings[k], tracer) for k in names if k in bindings}
         try:
             with graph.inserting_before(anchor):
-                result = rule.build(env, match)
+                if replacement is None:
+                    result = rule.build(env, match, self.editor)
+                else:
+                    result = replacement.write(match, env, self.editor)
             self._constants(nodes_between(before, anchor))
             new = nodes_between(before, anchor)
-            values = None if result is None else self._values(match, result)
+            values = None if result is None else self._values(match, result, name)
         except Exception as e:
             self._undo(nodes_between(before, anchor))
             if isinstance(e, RewriteError):
                 raise
-            raise RewriteError(rule, f"the replacement raised {type(e).__name__}: {e}") from e
+            raise RewriteError(rule, f"the replacement raised {type(e).__name__}: {e}", name) from e
         if values is None:
             self._undo(new)
         return new, values
@@ -329,7 +346,7 @@ class Rewriter:
                 args, kwargs = map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
             editor.set_args(n, args, kwargs, rule="constant")
 
-    def _replay(self, match: Match, new: list[Node], values: list[Node], anchor: Node):
+    def _replay(self, match: Match, new: list[Node], values: list[Node], anchor: Node, name: str):
         """Give each output back the shape the replaced node had: where a value has the
         shape of a chain's input and its output the shape of the chain's output (the match
         saw through the chain with P.through), apply the chain's ops to the value again.
@@ -350,6 +367,7 @@ class Rewriter:
                     f"the replacement's value for %{old.name} has shape {list(have)}, the "
                     f"replaced node {list(want)}, and no view the match saw through maps one "
                     "to the other",
+                    name,
                 )
             made = []
             cur = value
@@ -364,7 +382,7 @@ class Rewriter:
             out[i] = cur
         return out
 
-    def _values(self, match: Match, result: Any) -> list[Node]:
+    def _values(self, match: Match, result: Any, name: str) -> list[Node]:
         rule = match.rule
         outputs = match.outputs
         names = [*(None for _ in rule.roots), *rule.outputs]
@@ -382,6 +400,7 @@ class Rewriter:
                     raise RewriteError(
                         rule,
                         f"the replacement's dict has no value for output {key!r} (it needs {want})",
+                        name,
                     )
         elif len(outputs) == 1 and not isinstance(result, (tuple, list)):
             seq = [result]
@@ -394,6 +413,7 @@ class Rewriter:
                 rule,
                 f"the replacement returned {len(seq)} value(s) for {len(outputs)} output(s) "
                 f"(roots, then {list(rule.outputs)})",
+                name,
             )
         values = []
         for v in seq:
@@ -402,6 +422,7 @@ class Rewriter:
                 raise RewriteError(
                     rule,
                     f"the replacement must return graph values (nodes or proxies), got {v!r}",
+                    name,
                 )
             values.append(v)
         return values

@@ -20,6 +20,11 @@ for the :class:`~fxpass.rewrite.Match`). It is called with graph values wrapped 
 proxies, so ``torch.ops.fxpass.rms_norm(x, w, eps)`` inside it adds a node to the graph. It
 returns the value that takes the root's place — for rules with several ``outputs``, a tuple
 (root first) or a dict keyed by output name — or ``None`` to decline the match.
+
+A replacement may instead write its nodes itself: a :class:`GraphReplacement` (a traced
+replacement graph, :class:`~fxpass.rewrite.traced.Replacement`, is one; compat's replay of a
+recorded replacement another) is handed the match, the bindings and the rewrite's editor,
+and makes each node with ``editor.create``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from ..edit.editor import Editor
 from ..edit.location import caller_location, short
 from ._state import MISSING
 from .leaves import Pattern, mark_shared
@@ -39,7 +45,7 @@ from .match import match_at
 from .pattern import P as _Op
 from .region import Match
 
-__all__ = ["DROPPABLE_USERS", "Rule", "as_rule"]
+__all__ = ["DROPPABLE_USERS", "GraphReplacement", "Rule", "as_rule"]
 
 #: Users of an inner node that do not stop a match; they are erased with it. Export hangs
 #: ``aten._assert_tensor_metadata`` off intermediate values, which would otherwise block
@@ -135,7 +141,7 @@ class Rule:
                     f"(it binds: {', '.join(bound) or 'nothing'})"
                 )
         self.name = name or _default_name(replacement, self.location)
-        if hasattr(replacement, "_fxpass_replace"):
+        if isinstance(replacement, GraphReplacement):
             self._params, self._takes_all = (), True
         elif callable(replacement):
             self._params, self._takes_all = _parameters(
@@ -143,7 +149,7 @@ class Rule:
             )
         else:
             raise TypeError(
-                f"rule '{self.name}': replacement must be a function or a Replacement, "
+                f"rule '{self.name}': replacement must be a function or a GraphReplacement, "
                 f"got {replacement!r}"
             )
         self._where_params = (
@@ -179,12 +185,32 @@ class Rule:
         """The bound names the replacement takes (None: all of them)."""
         return None if self._takes_all else self._params
 
-    def build(self, bindings: dict[str, Any], match: Any) -> Any:
-        """Call the replacement (inside the rewriter, with proxies for nodes)."""
+    def build(self, bindings: dict[str, Any], match: Any, editor: Editor) -> Any:
+        """Call the replacement (inside the rewriter, with proxies for nodes); a
+        :class:`GraphReplacement` is handed ``editor``, the rewrite's."""
         rep = self.replacement
-        if hasattr(rep, "_fxpass_replace"):
-            return rep._fxpass_replace(match, bindings)
+        if isinstance(rep, GraphReplacement):
+            return rep.write(match, bindings, editor)
         return _call_with(rep, self._params, self._takes_all, bindings, match)
+
+
+class GraphReplacement:
+    """A replacement that writes its nodes itself, through the editor it is handed.
+
+    Subclass it and define :meth:`write`; a :class:`Rule` whose replacement is one calls
+    ``write(match, bindings, editor)`` inside the rewrite, at the graph's insertion point
+    (before the match's last output). ``bindings`` maps the names the pattern binds to FX
+    proxies of the bound nodes (literals as they are); ``editor`` is the rewrite's
+    (:meth:`Editor.create` makes a node there and tells the run through the rewrite's change).
+    ``write`` returns what a replacement function returns: the value(s) taking the outputs'
+    places, or None to decline. :class:`~fxpass.rewrite.traced.Replacement` (a traced
+    replacement graph) is one.
+    """
+
+    def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__} must define write(match, bindings, editor)"
+        )
 
 
 def _default_name(replacement: Any, location: str) -> str:

@@ -58,7 +58,7 @@ from ..fxutil.graph_forms import spelled
 from ..fxutil.paths import find_path
 from .leaves import Const, Pattern, Var
 from .pattern import P
-from .rule import Rule
+from .rule import GraphReplacement, Rule
 
 __all__ = ["IRS", "Replacement", "TraceError", "pattern_from_graph", "trace", "traced_rule"]
 
@@ -355,7 +355,7 @@ def _ancestors_among(values: list[Node]) -> set[Node]:
 
 
 # ----- replacement -------------------------------------------------------------------------
-class Replacement:
+class Replacement(GraphReplacement):
     """A traced replacement graph, copied in place of each match.
 
     Placeholders take the values bound to their parameters, scalar stand-ins take the
@@ -383,11 +383,10 @@ class Replacement:
         value = find_path(self.graph.owning_module, str(n.target))
         return value if isinstance(value, torch.Tensor) else None
 
-    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
-        from .rewriter import _unwrap, constant_node, replacement_editor
+    def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
+        from .rewriter import _unwrap, constant_node
 
         graph = match.graph
-        editor = replacement_editor(bindings.values())
         env: dict[Node, Any] = {}
         for ph, name in self.names.items():
             if name not in bindings:

@@ -24,8 +24,9 @@ import torch
 from torch.fx import Node
 
 from ...core.errors import FxpassError
+from ...edit.editor import Editor
 from ...fxutil.ops import schema_of
-from ...rewrite import Rule
+from ...rewrite import GraphReplacement, Rule
 from ...rewrite.leaves import AnyOf, Pattern, Seq, Through, Var
 from ...rewrite.pattern import P as _P
 from ._exprs import (
@@ -144,7 +145,7 @@ class OpCall(_P):
         subs = [
             (i, s)
             for i, s in enumerate(self.slots)
-            if isinstance(s, Pattern) and not (s.free and not s._shared)
+            if isinstance(s, Pattern) and not (s.free and not s.shared)
         ]
         # op patterns first: they fail fastest (the order of checks changes no result)
         subs.sort(key=lambda sub: 1 if isinstance(sub[1], (OpCall, Through)) else sub[1].RANK)
@@ -308,10 +309,10 @@ def _no_anchor(output: Any) -> str:
     )
 
 
-class _NoReplacement:
+class _NoReplacement(GraphReplacement):
     """The rule's replacement until an entry applies a match (see :mod:`._replay`)."""
 
-    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+    def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
         raise PatternError("this pattern has no replacement of its own")
 
 

@@ -139,20 +139,20 @@ def register_graph_pattern(
 # ----- matching one entry -----------------------------------------------------------------
 def find(pattern: PatternExpr, node: Node, st: MatchState, improve: bool) -> Match | None:
     """The match of ``pattern`` at ``node`` by Inductor's rules or (``improve``) the relaxed
-    ones; a relaxed-only match has ``_extra`` set."""
+    ones; a relaxed-only match has ``extra`` set."""
     compiled = compile_pattern(pattern)
     if compiled.unanchored is not None:
         return None
     if attempt(compiled.rule, node, st, STRICT):
         m = assemble(compiled, st.found.bindings, node.graph)
-        m._found = st.found
+        m.found = st.found
         return m
     if improve:
         compiled = compile_pattern(pattern, relaxed=True)
         if attempt(compiled.rule, node, st, RELAXED):
             m = assemble(compiled, st.found.bindings, node.graph)
-            m._found = st.found
-            m._extra = True
+            m.found = st.found
+            m.extra = True
             return m
     return None
 

@@ -127,7 +127,7 @@ def why_not(entry: PatternEntry, node: Node, improve: bool) -> tuple[bool, bool,
     if m is not None:
         reason = _check_failure(entry, m)
         if reason is None:
-            return (not m._extra, m._extra, "", 0)
+            return (not m.extra, m.extra, "", 0)
         return (False, False, reason, 10_000)
     compiled = compile_pattern(entry.pattern)
     st = MatchState(order=lazy_order(node.graph))

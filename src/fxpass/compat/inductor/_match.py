@@ -51,7 +51,18 @@ class MatchContext:
 
 
 class Match:
-    """A successful match (see the module docstring)."""
+    """A successful match (see the module docstring).
+
+    Besides Inductor's fields, fxpass's own, public, set by whoever makes or applies it:
+
+    * ``found``: fxpass's :class:`~fxpass.rewrite.Match` this one was read back from (its
+      bindings, nodes, dropped nodes and chains), or None for a match made by hand;
+    * ``extra``: True when only the relaxed rules (the improvements) found it;
+    * ``run``: the pass run applying it (its rewriter, entry name and match state), or None
+      outside ``PatternMatcherPass.apply``;
+    * ``replay``: the replacement recorded when the entry's check accepted the match, which
+      applying it replays (a ``Replay``), or None.
+    """
 
     def __init__(
         self,
@@ -67,9 +78,10 @@ class Match:
         self.targets: dict[PatternExpr, Any] = {}
         self.ctx = ctx
         self.replacement_graph: fx.GraphModule | None = None
-        self._found: Any = None  # fxpass's match, when this one was read back from it
-        self._run: Any = None  # the pass run applying it (its rewriter), if any
-        self._extra = False  # found only by the relaxed rules (the improvements)
+        self.found: Any = None
+        self.run: Any = None
+        self.extra = False
+        self.replay: Any = None
 
     @property
     def graph(self) -> fx.Graph:
@@ -99,7 +111,7 @@ class Match:
 
     def erase_nodes(self) -> None:
         """Erase the matched nodes nothing uses any more (users first), through the editor."""
-        editor = self._run.rewriter.editor if self._run is not None else Editor()
+        editor = self.run.rewriter.editor if self.run is not None else Editor.current()
         for n in reversed(self.nodes):
             if not is_erased(n) and not n.users:
                 editor.erase(n, _rule_name(self))
@@ -131,7 +143,7 @@ class Match:
 
 
 def _rule_name(m: Match) -> str:
-    run = m._run
+    run = m.run
     return run.entry_name if run is not None else "pattern_matcher"
 
 

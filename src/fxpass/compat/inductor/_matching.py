@@ -124,7 +124,7 @@ class InductorMatching(Interpreter):
 
     # ----- op patterns ------------------------------------------------------------------
     def call(self, p: OpCall, v: Any, st: MatchState, k: Cont) -> bool:
-        if p._shared:
+        if p.shared:
             hit = self.memo_hit(p, v, st, k)
             if hit is not None:
                 return hit
@@ -169,7 +169,7 @@ class InductorMatching(Interpreter):
         return False
 
     def exclusive(self, p: Exclusive, v: Any, st: MatchState, k: Cont) -> bool:
-        if p._shared:
+        if p.shared:
             hit = self.memo_hit(p, v, st, k)
             if hit is not None:
                 return hit
@@ -194,7 +194,7 @@ class InductorMatching(Interpreter):
 
     # ----- lists ------------------------------------------------------------------------
     def items(self, p: Items, v: Any, st: MatchState, k: Cont) -> bool:
-        if p._shared:
+        if p.shared:
             hit = self.memo_hit(p, v, st, k)
             if hit is not None:
                 return hit

@@ -30,6 +30,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ...core.context import current_context
+from ...edit.watch import watch_edits
 from ...fxutil.fx_internals import is_erased, sort_key
 from ...rewrite.match import MatchState
 from ...rewrite.region import lazy_order
@@ -237,12 +238,12 @@ class _Run:
             return
         if not self.one_region(m.nodes) or not _one_stream(m.nodes):
             return
-        m._run = self
+        m.run = self
         if (
             isinstance(entry, GraphPatternEntry)
-            and m._found is not None
-            and not m._extra
-            and dependent_values(m._found)
+            and m.found is not None
+            and not m.extra
+            and dependent_values(m.found)
         ):  # a bound value computed from the match's nodes: what the handler reads is unknown
             return
         if not _truthy(entry.extra_check(m)):
@@ -250,7 +251,7 @@ class _Run:
         if not self.rewriter.editor.allow():
             return
         self.stats.matches += 1
-        self.stats.extra += int(m._extra)
+        self.stats.extra += int(m.extra)
         tally[1] += 1
         c = self.counters[_BACKEND]
         c["pattern_matcher_count"] += 1
@@ -300,30 +301,20 @@ class _Run:
 
     @contextmanager
     def tracked(self) -> Iterator[_Changes]:
-        """What a handler creates and erases (it edits the graph itself)."""
+        """What a handler creates and erases (it edits the graph itself): watched with
+        :func:`~fxpass.edit.watch.watch_edits`."""
         changes = _Changes()
-        graph = self.graph
-        create, erase = graph.create_node, graph.erase_node
 
-        def create_node(*args: Any, **kwargs: Any) -> Node:
-            n = create(*args, **kwargs)
+        def created(n: Node) -> None:
             changes.created.append(n)
             changes.mutation |= is_mutation_op(n)
-            return n
 
-        def erase_node(n: Node) -> Any:
-            if not is_erased(n):
-                changes.erased.append(n)
-                changes.mutation |= is_mutation_op(n)
-            return erase(n)
+        def erased(n: Node) -> None:
+            changes.erased.append(n)
+            changes.mutation |= is_mutation_op(n)
 
-        graph.__dict__["create_node"] = create_node
-        graph.__dict__["erase_node"] = erase_node
-        try:
+        with watch_edits(self.graph, created, erased):
             yield changes
-        finally:
-            del graph.__dict__["create_node"]
-            del graph.__dict__["erase_node"]
         changes.created = [n for n in changes.created if not is_erased(n)]
 
     # ----- the report ----------------------------------------------------------------------

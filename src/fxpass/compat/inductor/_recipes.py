@@ -551,8 +551,8 @@ def replace_by_example(
     """``Match.replace_by_example``: ``replacement_fn`` traced (once per signature, see
     :mod:`._recipes`) in place of the match."""
     name = (
-        match._run.entry_name
-        if match._run is not None
+        match.run.entry_name
+        if match.run is not None
         else getattr(replacement_fn, "__name__", "replace_by_example")
     )
     replay = example_replay(replacement_fn, list(args), trace_fn, run_functional_passes)

@@ -76,7 +76,7 @@ class ReplacementPatternEntry(PatternEntry):
         return getattr(fn, "__name__", "replacement")
 
     def apply(self, match: Match, graph: fx.Graph, node: Node) -> None:
-        replay = match.__dict__.get("_replay")
+        replay = match.replay
         if replay is None:  # a match checked elsewhere, with a replacement graph
             if match.replacement_graph is None:
                 raise RuntimeError("apply: the match was not checked (no replacement graph)")
@@ -129,7 +129,7 @@ def _replacement_traces(variant: Any) -> bool:
 def _slots_hold(slots: list, match: Match) -> bool:
     """The specific pattern's literals and sizes at the arguments the registered pattern
     ignored, checked on the match's own nodes (same trace, same structure)."""
-    env = match._found.bindings
+    env = match.found.bindings
     p2n = match.ctx.pattern_to_node
     for expr, checks in slots:
         node = p2n.get(expr)
@@ -264,26 +264,24 @@ def register_replacement(
                 return False
             return accept(match, variant, structured)
         specific = variant.specific if variant.specific is not None else recipe.given_pattern
-        st = (
-            match._run.state if match._run is not None else MatchState(order=lazy_order(node.graph))
-        )
-        found = find(specific, node, st, match._extra)
+        st = match.run.state if match.run is not None else MatchState(order=lazy_order(node.graph))
+        found = find(specific, node, st, match.extra)
         if debug_node(node.name):
-            shown = found or FailedMatch("{}", explain_failure(specific, node, match._extra))
+            shown = found or FailedMatch("{}", explain_failure(specific, node, match.extra))
             log.warning("Specific pattern match: %s%s %s %s", node, node.args, shown, specific)
         if found is None:
             if explaining:
-                why = explain_failure(specific, node, match._extra)
+                why = explain_failure(specific, node, match.extra)
                 return f"{why} (the search function traced for the matched values)"
             return False
         found.kwargs = info.unflatten(found.kwargs, defaults=structured)
-        found._run = match._run
+        found.run = match.run
         if not guard_or_false(extra_check(found)):
             return no("extra_check returned False")
         if explaining:
             if not _replacement_traces(variant):
                 return "the replacement function cannot be traced for these inputs"
-            if match._found is not None and not _acyclic(match._found, variant, flat):
+            if match.found is not None and not _acyclic(match.found, variant, flat):
                 return "cycle: the replacement reads a value computed from the match's nodes"
             return None
         return accept(match, variant, structured)
@@ -293,9 +291,9 @@ def register_replacement(
             return False
         literals = {key: (structured[name],) for key, name in recipe.literals.items()}
         flat = normalize_args(**structured)
-        if match._found is not None and not _acyclic(match._found, variant, flat):
+        if match.found is not None and not _acyclic(match.found, variant, flat):
             return False
-        match.__dict__["_replay"] = variant.replay(flat, literals)
+        match.replay = variant.replay(flat, literals)
         match.replacement_graph = variant.replacement.gm
         match.kwargs = structured
         return True

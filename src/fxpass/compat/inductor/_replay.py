@@ -16,7 +16,7 @@ own); ``None`` outputs are skipped.
 
 from __future__ import annotations
 
-import copy
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -26,9 +26,11 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
+from ...edit.editor import Editor
 from ...fxutil.fx_internals import is_erased
+from ...rewrite import GraphReplacement
 from ...rewrite import Match as _FxMatch
-from ...rewrite.rewriter import RewriteError, Rewriter, replacement_editor
+from ...rewrite.rewriter import RewriteError, Rewriter
 from ._trace import size_of
 
 __all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph"]
@@ -63,7 +65,7 @@ class _SymRef:
         self.i, self.kind, self.d = i, kind, d
 
 
-class Replay:
+class Replay(GraphReplacement):
     """A traced replacement graph with the values it is replayed on: ``args`` for its
     input placeholders (after ``len(sources)`` size-symbol placeholders, each read from
     ``args[i]``'s size or stride), ``literals``: traced stand-in literal -> its value here.
@@ -101,9 +103,9 @@ class Replay:
     def n_results(self) -> int:
         return self.plan.results
 
-    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+    def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
         graph = match.graph
-        self.editor = replacement_editor(bindings.values())  # the rewrite's, which tells the run
+        self.editor = editor  # the rewrite's, which tells the run
         env: dict[Node, Any] = dict(zip(self.in_phs, self.args))
         sizes: dict[tuple, Any] = {}
 
@@ -288,23 +290,20 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
             )
         outs, pick, extra_nodes = users, [u.args[1] for u in users], users
     else:
-        inside = set(_nodes(match, match._found))
+        inside = set(_nodes(match, match.found))
         keep = [i for i, o in enumerate(outs) if o in inside]
         if len(keep) < len(outs):  # an output that is an input of the match: its readers
             outs, pick = [outs[i] for i in keep], keep  # keep reading it
-    run = match._run
+    run = match.run
     rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
-    found = match._found
+    found = match.found
     nodes = _nodes(match, found) + extra_nodes
     region = set(nodes).union(found.dropped if found is not None else ())
     out_set = set(outs)
     replay.shared = [n for n in nodes if n not in out_set and any(u not in region for u in n.users)]
     replay.chains = {n for chain in (found.chains if found is not None else ()) for n in chain}
-    rule = copy.copy(found.rule) if found is not None else _stub_rule(name)
-    rule.name = name
-    rule.replacement = _Pick(replay, pick) if pick is not None else replay
     fx_match = _FxMatch(
-        rule=rule,
+        rule=found.rule if found is not None else _hand_made_rule(),
         root=outs[0],
         bindings=dict(found.bindings) if found is not None else {},
         nodes=nodes,
@@ -314,7 +313,8 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
         seen_through=list(found.seen_through) if found is not None else [],
     )
     old_outs = list(outs)
-    if not rewriter.apply(fx_match):
+    replacement = _Pick(replay, pick) if pick is not None else replay
+    if not rewriter.apply(fx_match, replacement=replacement, name=name):
         return []
     _transfer_meta(old_outs, replay.result, set(rewriter.created))
     if run is not None:
@@ -331,7 +331,7 @@ def _nodes(match: Any, found: Any) -> list[Node]:
     return list(seen)
 
 
-class _Pick:
+class _Pick(GraphReplacement):
     """A replacement returning several values for one output: each getitem user of the
     output takes the value it indexes."""
 
@@ -339,20 +339,23 @@ class _Pick:
         self.replay = replay
         self.pick = pick
 
-    def _fxpass_replace(self, match: Any, bindings: dict[str, Any]) -> Any:
+    def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
         shared = self.replay.shared
         self.replay.shared = []
-        values = self.replay._fxpass_replace(match, bindings)
+        values = self.replay.write(match, bindings, editor)
         self.replay.shared = shared
         picked = tuple(values[i] for i in self.pick)
         self.replay.result = picked
         return picked + tuple(self.replay._same_as(match.graph, n) for n in shared)
 
 
-def _stub_rule(name: str) -> Any:
+@functools.cache
+def _hand_made_rule() -> Any:
+    """The rule of a match made by hand (no fxpass match behind it): it matches anything;
+    what replaces the match is the replay, passed to the rewriter with the entry's name."""
     from ...rewrite import P, Rule
 
-    return Rule(P.any(), lambda: None, name=name, contained=False, location="")
+    return Rule(P.any(), lambda: None, contained=False, location="")
 
 
 def _module_or_graph(graph: fx.Graph) -> Any:
@@ -374,5 +377,5 @@ def replace_with_graph(match: Any, replacement_graph: Any, args: Sequence[Any]) 
         raise TypeError(
             f"replace_with_graph needs a GraphModule, got {type(replacement_graph).__name__}"
         )
-    name = match._run.entry_name if match._run is not None else "replace_with_graph"
+    name = match.run.entry_name if match.run is not None else "replace_with_graph"
     return apply_replay(match, Replay(replacement_graph, args), name)
