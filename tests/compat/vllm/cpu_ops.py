@@ -1,7 +1,7 @@
-"""The fused RMSNorm (and SiLU-and-mul) + fp8 quantization kernels vLLM's fusions rewrite to,
-which vLLM's CPU build does not register: defined here with vLLM's schemas (``csrc``'s
-``torch_bindings.cpp``) and reference bodies in plain PyTorch, so the pass module imports
-and its replacements trace and run on CPU. Import after
+"""The fused kernels vLLM's fusions rewrite to (RMSNorm and SiLU-and-mul + fp8 quantization,
+q/k RMSNorm + rotary embedding), which vLLM's CPU build does not register: defined here with
+vLLM's schemas (``csrc``'s ``torch_bindings.cpp``) and reference bodies in plain PyTorch, so
+the pass module imports and its replacements trace and run on CPU. Import after
 ``current_platform.import_kernels()`` and before ``vllm.compilation.passes.fusion``.
 """
 
@@ -111,11 +111,57 @@ def silu_and_mul_quant(result, input, scale):
     _static_quant(result, y, scale)
 
 
-def fused_qk_norm_rope(qkv, *args):
-    raise NotImplementedError(
-        "_C::fused_qk_norm_rope is defined so vLLM's FixFunctionalizationPass can compare "
-        "targets with it; no pass of these tests rewrites to it"
-    )
+def _head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension (one head), as ``vllm.ir.ops.rms_norm``'s native form:
+    float32 statistics, rounded to the weight's dtype before the weight multiplies."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h.to(weight.dtype) * weight).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    """Rotary embedding of ``x`` [tokens, heads, rotary_dim] by per-token ``cos``/``sin``
+    [tokens, rotary_dim / 2] (NeoX rotates the two halves, GPT-J the even and odd elements),
+    in float32 and rounded once, as vLLM's CPU kernel ``_C.rotary_embedding`` computes it —
+    except that its AVX2 build truncates float32 to bf16 on the NeoX path (vectorised), where
+    this rounds to nearest: bit-identical to it in fp16 and for bf16 GPT-J, one bf16 ulp
+    apart on some elements for bf16 NeoX."""
+    cos = cos.unsqueeze(-2).float()
+    sin = sin.unsqueeze(-2).float()
+    h = x.float()
+    x1, x2 = h.chunk(2, dim=-1) if is_neox else (h[..., ::2], h[..., 1::2])
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    out = torch.cat((o1, o2), dim=-1) if is_neox else torch.stack((o1, o2), -1).flatten(-2)
+    return out.to(x.dtype)
+
+
+def fused_qk_norm_rope(
+    qkv,
+    num_heads_q,
+    num_heads_k,
+    num_heads_v,
+    head_dim,
+    eps,
+    q_weight,
+    k_weight,
+    cos_sin_cache,
+    is_neox,
+    position_ids,
+    forced_token_heads_per_warp=-1,
+):
+    """In place on ``qkv`` [tokens, (q + k + v heads) * head_dim]: each q head and each k head
+    RMS-normalised with its weight, then rotated by the position's row of ``cos_sin_cache``
+    [max_position, rotary_dim] (cos half, then sin half) on its first rotary_dim elements; v
+    untouched: the unfused sequence QKNormRoPEFusionPass replaces, as vLLM's Helion kernel's
+    baseline writes it (``vllm.ir.ops.rms_norm`` per head, then the rotation)."""
+    heads = qkv.view(qkv.shape[0], num_heads_q + num_heads_k + num_heads_v, head_dim)
+    rotary_dim = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache.index_select(0, position_ids.flatten()).chunk(2, dim=-1)
+    for first, count, weight in ((0, num_heads_q, q_weight), (num_heads_q, num_heads_k, k_weight)):
+        x = _head_rms_norm(heads[:, first : first + count], weight.reshape(-1), eps)
+        rotated = _rope(x[..., :rotary_dim], cos, sin, is_neox)
+        heads[:, first : first + count].copy_(torch.cat((rotated, x[..., rotary_dim:]), dim=-1))
 
 
 def _fake(*args, **kwargs) -> None:

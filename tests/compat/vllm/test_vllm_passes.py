@@ -34,6 +34,8 @@ CASES = [
     "rms_quant[static]",
     "rms_quant[dynamic]",
     "act_quant",
+    "qk_norm_rope[neox-fp16]",
+    "qk_norm_rope[gptj-bf16]",
 ]
 DUMPS = "dump_patterns"
 
@@ -140,6 +142,7 @@ def _same(stock: dict[str, Any], fx: dict[str, Any], reference_kernels: bool) ->
     assert fx["ops"] == stock["ops"]
     assert fx["code"] == stock["code"]
     assert fx["outputs"] == stock["outputs"], "outputs differ (bit for bit)"
+    assert fx.get("dumps") == stock.get("dumps"), "dump_patterns printed differently"
     if not reference_kernels:  # fp8 kernels of cpu_ops round as they do, not as eager
         assert stock["close_to_eager"] and fx["close_to_eager"]
 
@@ -155,6 +158,9 @@ def test_vllm_pass_same_on_fxpass(vllm_runs, case):
     else:
         assert sum(stock["matched"].values()) > 0, "the case should exercise the pass"
         _same(stock, fx, case.startswith("rms_quant"))
+    if case.startswith("qk_norm_rope"):  # cpu_ops' fused kernel computes as the unfused ops
+        assert stock["equal_to_eager"], "the fused q/k norm + RoPE differs from the unfused"
+        assert stock["dumps"], "vLLM dumped no patterns of QKNormRoPEFusionPass"
 
 
 def test_vllm_dump_patterns_same_on_fxpass(vllm_runs):

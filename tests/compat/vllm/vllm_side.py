@@ -38,8 +38,11 @@ CPU_ONLY_NOTE = "fp8/fused kernels are missing on vLLM's CPU build"
 class Backend:
     """Inductor, running ``passes`` after its own post-grad passes (as vLLM's TestBackend)."""
 
-    def __init__(self, passes: list[Callable[[fx.Graph], None]]) -> None:
+    def __init__(
+        self, passes: list[Callable[[fx.Graph], None]], inductor_config: dict[str, Any]
+    ) -> None:
         self.passes = passes
+        self.inductor_config = inductor_config
         self.apply_s = 0.0
         self.graph_post_pass: fx.Graph | None = None
         self.graph_pre_pass: str = ""
@@ -55,7 +58,11 @@ class Backend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
 
-        patches = {"post_grad_custom_post_pass": self.post_pass, "force_disable_caches": True}
+        patches = {
+            **self.inductor_config,
+            "post_grad_custom_post_pass": self.post_pass,
+            "force_disable_caches": True,
+        }
         return compile_fx(gm, example_inputs, config_patches=patches)
 
 
@@ -84,15 +91,23 @@ def digest(outputs: Any) -> list[str]:
     ]
 
 
-def compiled_run(passes: list[Any], model: torch.nn.Module, *inputs: Any) -> dict[str, Any]:
+def compiled_run(
+    passes: list[Any],
+    model: torch.nn.Module,
+    *inputs: Any,
+    inductor_config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``inductor_config``: vLLM's own Inductor settings
+    (``compilation_config.inductor_compile_config``, as vLLM's TestBackend applies them)."""
     torch._dynamo.reset()
-    backend = Backend(passes)
+    backend = Backend(passes, inductor_config or {})
     with torch.no_grad():  # inference graphs, as vLLM compiles them
         eager = model(*inputs)
         out = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
     flat_e = eager if isinstance(eager, tuple) else (eager,)
     flat_o = out if isinstance(out, tuple) else (out,)
     close = all(torch.allclose(a, b, atol=5e-2, rtol=5e-2) for a, b in zip(flat_e, flat_o))
+    equal = all(torch.equal(a, b) for a, b in zip(flat_e, flat_o))
     graph = backend.graph_post_pass
     assert graph is not None, "Inductor never ran the custom post-grad pass"
     return {
@@ -100,6 +115,7 @@ def compiled_run(passes: list[Any], model: torch.nn.Module, *inputs: Any) -> dic
         "code": graph_code(graph),
         "outputs": digest(out),
         "close_to_eager": close,
+        "equal_to_eager": equal,
         "apply_s": backend.apply_s,
     }
 
@@ -317,6 +333,113 @@ def case_act_quant() -> dict[str, Any]:
     return run
 
 
+def case_qk_norm_rope(is_neox: bool, dtype: Any, eps: float) -> dict[str, Any]:
+    """tests/compile/passes/test_qk_norm_rope_fusion.py::test_qk_norm_rope_fusion, on CPU:
+    vLLM's ``Attention`` (registered in the config, so the pass finds its geometry), per-head
+    ``RMSNorm`` of q and k and ``RotaryEmbedding`` (custom ops on: ``_C.rotary_embedding``)
+    into ``_C.fused_qk_norm_rope`` (defined by ``cpu_ops``); tokens dynamic; compiled with
+    vLLM's Inductor settings, as its TestBackend (auto-functionalization v1, which the pass's
+    patterns are written for). vLLM's ``dump_patterns`` of the pass is recorded too (it
+    registers nothing without the attention layers). The pass keeps no entry in vLLM's match
+    table (its ``__call__`` only sets ``matched_count``)."""
+    import tempfile
+    from pathlib import Path
+
+    from vllm.compilation.passes.fusion.qk_norm_rope_fusion import QKNormRoPEFusionPass
+    from vllm.compilation.passes.utility.noop_elimination import NoOpEliminationPass
+    from vllm.compilation.passes.utility.post_cleanup import PostCleanupPass
+    from vllm.config import (
+        CompilationConfig,
+        CompilationMode,
+        ModelConfig,
+        PassConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm.v1.attention.backend import AttentionType
+
+    num_heads, num_kv_heads, head_dim, tokens = 16, 4, 128, 5
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+
+    class Model(torch.nn.Module):
+        def __init__(self, config: Any) -> None:
+            super().__init__()
+            self.attn = Attention(
+                num_heads=num_heads,
+                head_size=head_dim,
+                scale=head_dim**-0.5,
+                num_kv_heads=num_kv_heads,
+                cache_config=config.cache_config,
+                prefix="model.layers.0.self_attn.attn",
+                attn_type=AttentionType.DECODER,
+            )
+            self.q_norm = RMSNorm(head_dim, eps=eps)
+            self.k_norm = RMSNorm(head_dim, eps=eps)
+            for norm in (self.q_norm, self.k_norm):  # not all ones: the weights matter
+                norm.weight.data.normal_(mean=1.0, std=0.1)
+            self.rotary_emb = RotaryEmbedding(
+                head_dim,
+                rotary_dim=head_dim,
+                max_position_embeddings=4096,
+                base=10000,
+                is_neox_style=is_neox,
+                dtype=dtype,
+            )
+
+        def forward(self, qkv: torch.Tensor, positions: torch.Tensor) -> Any:
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = self.q_norm(q.view(*q.shape[:-1], num_heads, head_dim)).view(q.shape)
+            k = self.k_norm(k.view(*k.shape[:-1], num_kv_heads, head_dim)).view(k.shape)
+            q, k = self.rotary_emb(positions, q, k)
+            return q, k, v
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "model"  # a config only, saved here: ModelConfig reads one
+        from transformers import LlamaConfig
+
+        LlamaConfig(
+            hidden_size=num_heads * head_dim,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+            num_hidden_layers=1,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=4096,
+        ).save_pretrained(model_dir)
+        config = VllmConfig(
+            model_config=ModelConfig(model=str(model_dir), dtype=dtype, skip_tokenizer_init=True),
+            compilation_config=CompilationConfig(
+                mode=CompilationMode.VLLM_COMPILE,
+                custom_ops=["+rms_norm", "+rotary_embedding"],
+                pass_config=PassConfig(enable_qk_norm_rope_fusion=True, eliminate_noops=True),
+                debug_dump_path=Path(tmp) / "dump",
+            ),
+        )
+        with set_current_vllm_config(config):
+            torch.set_default_dtype(dtype)
+            torch.manual_seed(3)
+            model = Model(config)
+            fusion, t = construct(lambda: QKNormRoPEFusionPass(config))
+            passes = [NoOpEliminationPass(config), fusion, PostCleanupPass(config)]
+            qkv = torch.randn(tokens, q_size + 2 * kv_size)
+            positions = torch.arange(tokens, dtype=torch.long)
+            torch._dynamo.mark_dynamic(qkv, 0)
+            torch._dynamo.mark_dynamic(positions, 0)
+            inductor_config = config.compilation_config.inductor_compile_config
+            run = compiled_run(passes, model, qkv, positions, inductor_config=inductor_config)
+            torch.set_default_dtype(torch.float32)
+        dumps = config.compile_debug_dump_path().glob("patterns.*.py")
+        run["dumps"] = {p.name: p.read_text() for p in sorted(dumps)}
+    run["matched"] = {"qk_norm_rope": fusion.matched_count}
+    run["register_s"] = t
+    run["patterns"] = sum(len(v) for v in fusion.patterns.patterns.values())
+    return run
+
+
 def case_dump_patterns() -> dict[str, Any]:
     """``VllmPatternMatcherPass.dump_patterns``: every registered pattern printed by
     Inductor's ``PatternPrettyPrinter`` (as vLLM dumps them with ``debug_dump_path``)."""
@@ -350,6 +473,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "rms_quant[static]": lambda: case_rms_quant(True),
     "rms_quant[dynamic]": lambda: case_rms_quant(False),
     "act_quant": case_act_quant,
+    "qk_norm_rope[neox-fp16]": lambda: case_qk_norm_rope(True, torch.float16, 1e-6),
+    "qk_norm_rope[gptj-bf16]": lambda: case_qk_norm_rope(False, torch.bfloat16, 1e-5),
     "dump_patterns": case_dump_patterns,
 }
 
