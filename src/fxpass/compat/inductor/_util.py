@@ -26,7 +26,7 @@ def stable_topological_sort(graph: fx.Graph) -> None:
     """Order ``graph`` topologically, moving as few nodes as possible: a node waits for the
     last of its inputs not yet placed and follows it (Inductor's order, node for node).
     Moves go through fxpass's editor."""
-    editor = Editor(pass_name="stable_topological_sort")
+    editor = Editor.current("stable_topological_sort")  # called by torch and vLLM, no ctx
     pending = list(reversed(graph.nodes))
     ready: set[Node] = set()
     waiting: defaultdict[Node, list[Node]] = defaultdict(list)
