@@ -21,6 +21,7 @@ so the next node running that op on such inputs gets a fresh fake tensor without
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
@@ -48,6 +49,7 @@ __all__ = [
     "FakeEvaluator",
     "FakeResults",
     "Strictness",
+    "build_result",
     "fake_value",
     "node_val",
     "returns_alias",
@@ -227,15 +229,20 @@ def _fits(prefer: Any, spec: Any, mode: Any) -> bool:
     return not (offset or grad) and (sizes, strides, dtype, device) == spec[1:]
 
 
-def _build(spec: Any, mode: Any, prefer: Any = None) -> Any:
-    """A result with the metadata ``spec``: ``prefer``'s tensors where they fit, else fresh
-    fake tensors of ``mode`` (over plain meta tensors, made outside the mode)."""
+def build_result(
+    spec: Any, mode: Any, prefer: Any = None, fits: Callable[[Any, Any, Any], bool] = _fits
+) -> Any:
+    """A result with the metadata ``spec`` (``("T", sizes, strides, dtype, device)``, ``("V",
+    value)`` or ``(tuple_type, parts)``): ``prefer``'s tensors where ``fits(prefer, spec,
+    mode)``, else fresh fake tensors of ``mode`` (over plain meta tensors, made outside the
+    mode; sizes may be the mode's symbols, made without adding guards)."""
     kind = spec[0]
     if kind == "T":
-        if prefer is not None and _fits(prefer, spec, mode):
+        if prefer is not None and fits(prefer, spec, mode):
             return prefer
         _, sizes, strides, dtype, device = spec
-        with unset_fake_temporarily():
+        env = mode.shape_env
+        with unset_fake_temporarily(), env.suppress_guards() if env else contextlib.nullcontext():
             meta = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
             return FakeTensor(mode, meta, device)
     if kind == "V":
@@ -243,7 +250,7 @@ def _build(spec: Any, mode: Any, prefer: Any = None) -> Any:
     parts = spec[1]
     prefer = tuple(prefer) if isinstance(prefer, (tuple, list)) else ()
     prefer = prefer + (None,) * (len(parts) - len(prefer))
-    return kind(_build(s, mode, p) for s, p in zip(parts, prefer))
+    return kind(build_result(s, mode, p, fits) for s, p in zip(parts, prefer))
 
 
 def _layout(spec: Any) -> Any:
@@ -324,7 +331,7 @@ class FakeResults:
         if mode is None:
             return None
         self.hits += 1
-        return _build(hit[1], mode, prefer)
+        return build_result(hit[1], mode, prefer)
 
     def put(self, op: Any, args: Any, kwargs: Any, result: Any) -> Any:
         """Remember ``result`` (what ``op`` computed on ``args``) where it can; returns it."""

@@ -36,10 +36,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from ..fxutil.ops import schema_of
+from ..fxutil.values import build_result
 
 __all__ = ["SYMBOLIC_RESULTS", "SymbolicResults"]
 
@@ -194,23 +195,6 @@ def _fits(prefer: Any, spec: tuple, mode: Any) -> bool:
     return _same_sizes(tuple(prefer.shape), shape) and _same_sizes(tuple(prefer.stride()), stride)
 
 
-def _build(spec: Any, mode: Any, prefer: Any) -> Any:
-    kind = spec[0]
-    if kind == "T":
-        if prefer is not None and _fits(prefer, spec, mode):
-            return prefer
-        _, shape, stride, dtype, device = spec
-        with unset_fake_temporarily(), mode.shape_env.suppress_guards():
-            meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            return FakeTensor(mode, meta, device)
-    if kind == "V":
-        return spec[1]
-    parts = spec[1]
-    prefer = tuple(prefer) if isinstance(prefer, (tuple, list)) else ()
-    prefer = prefer + (None,) * (len(parts) - len(prefer))
-    return kind(_build(s, mode, p) for s, p in zip(parts, prefer))
-
-
 class SymbolicResults:
     """Results of ops on fake inputs with symbolic sizes, per fake mode (see the module
     docstring).
@@ -268,7 +252,7 @@ class SymbolicResults:
         hit = table.get(key) if table is not None else None
         if hit is not None and hit[0] is op:
             self.hits += 1
-            return _build(hit[1], keyer.mode, prefer)
+            return build_result(hit[1], keyer.mode, prefer, _fits)
         out = compute()
         self.misses += 1
         if out is None:
