@@ -17,7 +17,7 @@ It prints the times and the ratios ``autoload/plain`` (what fxpass adds to every
 ``fxpass_autoload.install()`` itself.
 
     python bench/autoload.py            # 9 runs each
-    python bench/autoload.py --quick    # 3 runs each, a smoke test
+    python bench/autoload.py --quick    # 1 run each, a smoke test
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _install_cost(n: int) -> float:
 
 def main() -> None:
     args = parser(__doc__.splitlines()[0]).parse_args()
-    runs = 3 if args.quick else max(args.repeat, 9)
+    runs = 1 if args.quick else max(args.repeat, 9)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(runs):
         for name, (env, keep, extra) in VARIANTS.items():
