@@ -174,12 +174,11 @@ def make_rule(cut: Any, commute: bool, replacement: Any = None, **options: Any):
 
 def torchlike(m: Any, params: tuple[str, ...]) -> bool:
     """Whether torch's matcher could report ``m``: each input (``params``) binds its own
-    node, one that the match does not also cover."""
+    node, one that the match does not also cover, or a literal (torch's ``SubgraphMatcher``
+    binds a pattern placeholder to a literal argument as well: ``x + 2.0``)."""
     bound = [m.bindings[p] for p in params if p in m.bindings]
-    if not all(isinstance(v, fx.Node) for v in bound):
-        return False
-    inner = set(m.nodes)
-    return len(set(bound)) == len(bound) and not (set(bound) & inner)
+    nodes = [v for v in bound if isinstance(v, fx.Node)]
+    return len(set(nodes)) == len(nodes) and not (set(nodes) & set(m.nodes))
 
 
 _HEADER = '''"""fxpass fuzz repro ({fuzzer}): {key}

@@ -251,3 +251,24 @@ def test_a_cyclic_torch_match_is_torchs_fault():
     root = next(n for n in gm.graph.nodes if n.name == "add_2")
     assert "would create a cycle" in str(explain(fc.make_rule(cut, False), root))
     assert fr.RewriteFuzzer().check(case) is None
+
+
+def test_a_placeholder_bound_to_a_literal_is_compared_with_torch():
+    """Found by a 2-minute run (seed 30): torch's SubgraphMatcher binds a pattern input to
+    the literal of ``x0 + 2.0``, and so does fxpass's rule; the fuzzer once left fxpass's
+    literal-bound match out of the comparison and reported torch's as a miss."""
+    program = Program((((2, 3, 4), "bfloat16"),), (Op("v4", "{0} + 2.0", ("x0",)),), ("v4",))
+    cut = fpat.Cut(
+        ("p0", "p1"),
+        (fpat.PNode("n0", "aten.add.Tensor", (("ref", "p0"), ("ref", "p1")), ()),),
+        (False,),
+    )
+    case = fr.RewriteCase(program, cut, "lifted", commute=False, seed=404, fixpoint=False)
+    fuzzer = fr.RewriteFuzzer()
+    assert fuzzer.check(case) is None
+    assert fuzzer.notes["replacement counts compared"] == 1  # torch replaced it too
+    rule = fc.make_rule(cut, commute=False)
+    graph = fc.graph_module(fc.exported(program), "lifted").graph
+    (add,) = graph.find_nodes(op="call_function", target=aten.add.Tensor)
+    m = rule.match(add)
+    assert m is not None and m.bindings["p1"] == 2.0 and fc.torchlike(m, cut.params)
