@@ -8,6 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
+# The suite starts hundreds of Python processes (CLI runs, gloo ranks, benchmarks' smoke
+# runs) and each xdist worker rewrites every test module's asserts: where the environment
+# says not to write bytecode (PYTHONDONTWRITEBYTECODE, as on our CI machines) each of them
+# compiled fxpass and the tests from source again (~0.5 s a process, ~9 s of collection a
+# worker). The caches go to __pycache__ (gitignored) and are checked against the sources'
+# times and sizes as always.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # tests/ for the shared _models, _hf, ...; tests/cli for cli_targets, the graphs and strict
 # rules that the CLI tests name on the command line and the rewrite tests import.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cli"))
@@ -20,7 +29,7 @@ os.environ.setdefault("FXPASS_VERIFY_ANALYSES", "1")
 # (fxpass.core.run: verify_each="full"; users get the checks over the nodes a pass changed).
 os.environ.setdefault("FXPASS_VERIFY_EACH", "full")
 
-import _models
+import _models  # noqa: E402 (after the bytecode setting above)
 
 #: fixtures that cost minutes to build (gloo worlds, the vLLM environment and its runs, a
 #: fresh venv): every test using one runs on the same xdist worker, so it is built once per
