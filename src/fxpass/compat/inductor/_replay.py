@@ -28,12 +28,12 @@ from torch.fx.node import map_aggregate
 
 from ...edit.editor import Editor
 from ...fxutil.fx_internals import is_erased
-from ...rewrite import GraphReplacement
+from ...rewrite import GraphReplacement, Replace
 from ...rewrite import Match as _FxMatch
 from ...rewrite.rewriter import RewriteError, Rewriter
 from ._trace import size_of
 
-__all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph"]
+__all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph", "replay_edit"]
 
 #: Metadata Inductor's replacement nodes take from the traced replacement's nodes, and an
 #: output from the node it replaces (fxpass's provenance handles the source location).
@@ -265,9 +265,10 @@ def _has_node(x: Any) -> bool:
 
 
 # ----- applying -----------------------------------------------------------------------------
-def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
-    """Replace ``match`` (Inductor's Match) by ``replay`` through fxpass's rewriter; returns
-    the nodes added (none if the debug counter said no)."""
+def replay_edit(match: Any, replay: Replay, name: str) -> Replace:
+    """The edit replacing ``match`` (Inductor's Match) by ``replay`` (nothing changes yet);
+    once it is made, its ``done`` gives the new outputs Inductor's metadata and tells the
+    pass run applying the match (``match.run``) what changed."""
     outs = [o for o in match.output_nodes() if o is not None]
     if not outs:
         raise RewriteError(_Named(name), "the match has no output to replace")
@@ -294,8 +295,6 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
         keep = [i for i, o in enumerate(outs) if o in inside]
         if len(keep) < len(outs):  # an output that is an input of the match: its readers
             outs, pick = [outs[i] for i in keep], keep  # keep reading it
-    run = match.run
-    rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
     found = match.found
     nodes = _nodes(match, found) + extra_nodes
     region = set(nodes).union(found.dropped if found is not None else ())
@@ -312,13 +311,29 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
         chains=list(found.chains) if found is not None else [],
         seen_through=list(found.seen_through) if found is not None else [],
     )
-    old_outs = list(outs)
     replacement = _Pick(replay, pick) if pick is not None else replay
-    if not rewriter.apply(fx_match, replacement=replacement, name=name):
+    run = match.run
+    old_outs = list(outs)
+
+    def done(old: list[Node], new: list[Node]) -> None:
+        _transfer_meta(old_outs, replay.result, set(new))
+        if run is not None:
+            run.replaced(old, new)
+
+    return Replace(fx_match, replacement, name, done)
+
+
+def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
+    """Replace ``match`` (Inductor's Match) by ``replay`` now, through the rewriter of the
+    run applying it (else one of the run in progress); returns the nodes added (none if
+    the debug counter said no). A pass run's own matches are edits it hands the rewrite
+    driver instead (:func:`replay_edit`); this is for a handler's or a user's call."""
+    edit = replay_edit(match, replay, name)
+    run = match.run
+    rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
+    if not rewriter.apply(edit.match, replacement=edit.replacement, name=name):
         return []
-    _transfer_meta(old_outs, replay.result, set(rewriter.created))
-    if run is not None:
-        run.replaced(fx_match.nodes, rewriter.created)
+    edit.done(edit.match.nodes, rewriter.created)
     return [new for _, new in replay.made if not is_erased(new)]
 
 
