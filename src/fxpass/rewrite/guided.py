@@ -22,8 +22,7 @@ themselves — declares that policy as a :class:`Guide` and hands the graph once
   rewriter — and calls the edit's ``done(old, new)``, if any, with what it erased and made;
 * after the walk it calls the guide's ``finish(graph)``, if any.
 
->>> neg = Choice(((rule, Interpreter()),), lambda node, found, tier, rw: found and Replace(found))
->>> guided(gm, Guide({("call_function", torch.ops.aten.neg.default): [neg]}))  # doctest: +SKIP
+See docs/rewrite.md ("A walk of your own") for an example.
 """
 
 from __future__ import annotations
@@ -46,18 +45,21 @@ from .rule import GraphReplacement
 
 __all__ = ["Choice", "Guide", "Replace", "Surgery", "guided"]
 
+_PLAIN = Interpreter()
+
 
 Edit = Union["Replace", "Surgery"]
 
 
 @dataclass(frozen=True)
 class Choice:
-    """One thing to try at a node: ``tries``, (rule, matcher policy) pairs in order, and
+    """One thing to try at a node: ``tries``, (rule, matcher policy) pairs in order (a policy
+    of None: the plain matcher, compiled where it can be), and
     ``decide(node, found, tier, rewriter)``, the client's hook: ``found`` is the match of
     ``tries[tier]`` (None, and ``tier`` -1, when none matched), ``rewriter`` the one the
     edit will go through; it returns the edit to make, or None."""
 
-    tries: tuple[tuple[MatchedRule, Interpreter], ...]
+    tries: tuple[tuple[MatchedRule, Interpreter | None], ...]
     decide: Callable[[Node, Match | None, int, Rewriter], Edit | None]
 
 
@@ -135,7 +137,7 @@ def guided(
                 break
             found, tier = None, -1
             for i, (rule, how) in enumerate(choice.tries):
-                if attempt(rule, node, st, how):
+                if attempt(rule, node, st, how or _PLAIN):
                     found, tier = st.found, i
                     break
             edit = choice.decide(node, found, tier, rw)
