@@ -12,8 +12,8 @@ themselves — declares that policy as a :class:`Guide` and hands the graph once
   order or (``reverse``) from the last to the first, as the graph stood when it started;
 * at a node it takes each choice filed there in order, until the node is erased: tries its
   rules, each by its matcher policy (the first that matches gives the match), and asks the
-  choice's hook, ``decide(node, found, tier, rewriter)``, what to do — the one place the
-  client's code runs during the walk. The hook answers with an edit, or None;
+  choice's hook, ``decide(node, found, tier, rewriter)``, what to do: the client decides,
+  the driver does. The hook answers with an edit, or None;
 * it makes the edit through the rewriter and its editor — :class:`Replace`: the match
   replaced by a replacement, as :meth:`Rewriter.apply <fxpass.rewrite.Rewriter.apply>`
   does; :class:`Surgery`: code of the client's that edits the graph itself (an Inductor
