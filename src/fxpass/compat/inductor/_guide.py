@@ -1,14 +1,15 @@
 """One ``PatternMatcherPass.apply``: Inductor's policy, as a guide of rewrite's guided walk.
 
-``apply`` hands the graph once to :func:`fxpass.rewrite.guided` with a :class:`PassRun`,
-which says what Inductor's matcher does and leaves the walking, the matching and the edits
-to rewrite: the nodes calling a registered op from the last to the first, that op's entries
+``apply`` hands the graph once to :func:`fxpass.rewrite.guided` with the
+:class:`~fxpass.rewrite.Guide` a :class:`PassRun` declares: what Inductor's matcher does,
+leaving the walking, the matching and the edits to rewrite — the nodes calling a registered op from the last to the first, that op's entries
 in registration order (each Inductor's rules, then, with the improvements on, the relaxed
 ones), and for each match — read back as Inductor's :class:`~._match.Match` from the
 bindings fxpass's matcher returns — Inductor's checks (one mutation region, one stream,
 ``extra_check``) and the edit: the recorded replacement replayed (:class:`~fxpass.rewrite.
 Replace`), or the entry's handler, which edits the graph itself (:class:`~fxpass.rewrite.
-Surgery`). At the end it reports the statistics and near misses to the run in progress.
+Surgery`). At the end it reports the statistics and near misses to the run (the context
+``apply`` was handed, else the run in progress).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ...core.context import current_context
+from ...core.context import PassContext, current_context
 from ...fxutil.fx_internals import sort_key
 from ...rewrite import Choice, Guide, Replace, Rewriter, Surgery
 from ...rewrite.match import MatchState
@@ -80,8 +81,9 @@ class PassRun:
     is: the ``rewriter`` applying it, the ``entry_name`` being applied, a ``state`` for
     matching more patterns at its nodes."""
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: Any, ctx: PassContext | None = None) -> None:
         self.owner = owner
+        self.ctx = ctx
         self.patterns = owner.patterns
         self.improve = owner._improving()
         self.name = owner.pass_name if owner.pass_name is not None else "pattern_matcher"
@@ -237,7 +239,7 @@ class PassRun:
 
     # ----- the report ----------------------------------------------------------------------
     def report(self, graph: fx.Graph) -> None:
-        ctx = current_context()
+        ctx = self.ctx if self.ctx is not None else current_context()
         if ctx is None:
             return
         ctx.stat("matches", self.stats.matches)

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import fx
 
+from ...core.context import PassContext
 from ...rewrite import guided
 from ._entry import PatternEntry
 from ._explain import PassExplanation, explain_pass
@@ -75,17 +76,20 @@ class PatternMatcherPass:
         """The pass's name in fxpass reports."""
         return self.pass_name or "pattern_matcher"
 
-    def call(self, gm: fx.GraphModule) -> bool:
-        """The fxpass pass contract: apply, and say whether anything changed."""
-        return self.apply(gm) > 0
+    def call(self, gm: fx.GraphModule, ctx: PassContext | None = None) -> bool:
+        """The fxpass pass contract: apply, handed the run's context, and say whether
+        anything changed."""
+        return self.apply(gm, ctx=ctx) > 0
 
-    def apply(self, gm: fx.GraphModule | fx.Graph) -> int:
-        """Apply all registered patterns to the graph; returns the number of matches."""
+    def apply(self, gm: fx.GraphModule | fx.Graph, *, ctx: PassContext | None = None) -> int:
+        """Apply all registered patterns to the graph; returns the number of matches.
+        ``ctx``: the context of the fxpass run applying it (its editor, its report); None
+        when Inductor calls it: then the run in progress, if any."""
         if not self.patterns:
             return 0
         graph, gm = _graph_of(gm)
-        run = PassRun(self)  # Inductor's policy; rewrite walks, matches and edits
-        guided(gm if gm is not None else graph, run.guide(), pass_name=run.name)
+        run = PassRun(self, ctx)  # Inductor's policy; rewrite walks, matches and edits
+        guided(gm if gm is not None else graph, run.guide(), pass_name=run.name, ctx=ctx)
         return run.stats.matches
 
     def explain(self, gm: fx.GraphModule | fx.Graph) -> PassExplanation:
