@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..verify.streams import require_safe_streams
@@ -196,7 +196,8 @@ def async_tp(gm: fx.GraphModule, *, chunks: int = 2, ctx: PassContext | None = N
     communication overlaps compute (see :mod:`fxpass.distributed.async_tp`)."""
     if chunks < 2:
         raise ValueError(f"async_tp: chunks must be at least 2, not {chunks}")
-    editor = handed_context(ctx, RULE).editor
+    ctx = handed_context(ctx, RULE)
+    editor = ctx.editor
     changed = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or len(node.users) != 1:
@@ -211,17 +212,17 @@ def async_tp(gm: fx.GraphModule, *, chunks: int = 2, ctx: PassContext | None = N
             with editor.change("replace", RULE, [mm, node]):
                 done = _split_matmul_reduce_scatter(editor, node, mm, chunks)
             if done:
-                stat("matmul_reduce_scatter")
+                ctx.stat("matmul_reduce_scatter")
                 changed += 1
         elif node.target is C10D.all_gather_into_tensor.default and editor.allow():
             with editor.change("replace", RULE, [node]):
                 done = _split_all_gather_matmul(editor, node, chunks)
             if done:
-                stat("all_gather_matmul")
+                ctx.stat("all_gather_matmul")
                 changed += 1
     if not changed:
         return False
-    stat("chunks", chunks)
+    ctx.stat("chunks", chunks)
     repropagate(gm, fake_mode(gm))
     gm.graph.lint()
     require_safe_streams(gm)  # a graph on several streams must still order every read

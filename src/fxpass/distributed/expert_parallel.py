@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from .analysis import expert_decisions
@@ -251,8 +251,8 @@ def apply_experts(gm: fx.GraphModule, script: ExpertScript, place: Place, ctx: A
     for b in script.blocks:
         kept = _block(editor, gm, b, place, nodes, mode, ctx.program)
         changed |= {nodes[t] for t in b.tensors if not b.mlps}
-        stat("experts_kept", kept)
-        stat("experts_whole", b.experts)
+        ctx.stat("experts_kept", kept)
+        ctx.stat("experts_whole", b.experts)
     repropagate(gm, mode, changed)
     gm.graph.lint()
     return len(script.blocks)
@@ -290,7 +290,7 @@ def expert_parallel(
         raise PlanError(f"the plan is for the mesh {script.mesh}, not {world_size} ranks")
     if not script.blocks:
         return False
-    stat("blocks", apply_experts(gm, script, script.mesh.place(rank), ctx))
+    ctx.stat("blocks", apply_experts(gm, script, script.mesh.place(rank), ctx))
     return True
 
 
@@ -306,7 +306,7 @@ class ExpertParallelRank(StrategyPass):
         self.script, self.place = script, place
 
     def apply(self, gm: fx.GraphModule, ctx: Any) -> bool:
-        stat("blocks", apply_experts(gm, self.script, self.place, ctx))
+        ctx.stat("blocks", apply_experts(gm, self.script, self.place, ctx))
         return True
 
 

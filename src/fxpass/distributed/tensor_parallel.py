@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..fxutil.ops import schema_of
@@ -461,10 +461,10 @@ def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place, ctx: An
     before, after = _slice_weights(editor, gm, layouts, place, mode, ctx.program)
     repropagate(gm, mode, set(layouts))
     gm.graph.lint()
-    stat("sharded_weights", len(layouts))
-    stat("collectives", len(script.collectives))
-    stat("weight_bytes_unsharded", before)
-    stat("weight_bytes_rank", after)
+    ctx.stat("sharded_weights", len(layouts))
+    ctx.stat("collectives", len(script.collectives))
+    ctx.stat("weight_bytes_unsharded", before)
+    ctx.stat("weight_bytes_rank", after)
 
 
 # ----- the pass --------------------------------------------------------------------------------

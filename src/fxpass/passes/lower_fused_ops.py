@@ -28,7 +28,7 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.errors import FxpassError
 from ..core.pass_registry import register
 from ..edit.editor import Editor
@@ -70,7 +70,7 @@ def lower_fused_ops(gm: fx.GraphModule, ctx: PassContext) -> bool:
         if not editor.allow():
             continue
         _lower(node, editor)
-        stat("lowered")
+        ctx.stat("lowered")
         changed = True
     return changed
 

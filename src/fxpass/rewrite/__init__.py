@@ -14,6 +14,8 @@
 Modules, top down (each imports only those below it):
 :mod:`~fxpass.rewrite.driver` (fixpoint and single-walk drivers; rule sets, which are passes;
 :mod:`~fxpass.rewrite.reach`, the nodes a rule can be rooted at),
+:mod:`~fxpass.rewrite.guided` (the walk a client's :class:`Guide` steers: its node order,
+what it tries where, what it does with a match),
 :mod:`~fxpass.rewrite.explain` (why a rule did not match: the explaining matcher),
 :mod:`~fxpass.rewrite.rule` (rules as data), :mod:`~fxpass.rewrite.match` (the op-indexed
 matcher in front of :mod:`~fxpass.rewrite.interpreted`, the interpreted matcher,
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from .driver import RewriteResult, RuleSet, rewrite, rules
 from .explain import Explanation, GraphExplanation, explain
+from .guided import Choice, Guide, Replace, Surgery, guided
 from .match import Matcher, RuleStats
 from .pattern import P, Pattern
 from .region import Match
@@ -44,15 +47,18 @@ from .traced import IRS, Replacement, TraceError, trace, traced_rule
 
 __all__ = [
     "CAST_OPS",
+    "Choice",
     "DROPPABLE_USERS",
     "Explanation",
     "GraphExplanation",
     "GraphReplacement",
+    "Guide",
     "IRS",
     "Match",
     "Matcher",
     "P",
     "Pattern",
+    "Replace",
     "Replacement",
     "RewriteError",
     "RewriteResult",
@@ -60,8 +66,10 @@ __all__ = [
     "Rule",
     "RuleSet",
     "RuleStats",
+    "Surgery",
     "TraceError",
     "explain",
+    "guided",
     "rewrite",
     "rules",
     "trace",

@@ -19,11 +19,12 @@ from typing import Any
 from torch import fx
 from torch.fx import Node
 
+from ...rewrite import Surgery
 from ...rewrite.match import MatchState, attempt
 from ...rewrite.region import lazy_order
 from ._compile import compile_pattern
 from ._exprs import MATCHER, FailedMatch, PatternExpr, pattern_text
-from ._match import Match, assemble
+from ._match import Match, read_back
 from ._matching import InductorMatching
 
 __all__ = [
@@ -70,6 +71,16 @@ class PatternEntry:
 
     def apply(self, match: Match, graph: fx.Graph, node: Node) -> None:
         raise NotImplementedError
+
+    def edit(self, match: Match, graph: fx.Graph, node: Node) -> Any:
+        """How a pass run applies ``match``: an edit for :func:`fxpass.rewrite.guided` to
+        make (here: ``apply``, which edits the graph itself)."""
+        run = match.run
+        return Surgery(
+            lambda: self.apply(match, graph, node),
+            self.entry_name,
+            done=run.replaced if run is not None else None,
+        )
 
     def register(self, pass_dicts: Any, target: Any = None, prepend: bool = False) -> None:
         """File this entry in ``pass_dicts`` (a pass, a dict, or a list of them) under each
@@ -144,16 +155,11 @@ def find(pattern: PatternExpr, node: Node, st: MatchState, improve: bool) -> Mat
     if compiled.unanchored is not None:
         return None
     if attempt(compiled.rule, node, st, STRICT):
-        m = assemble(compiled, st.found.bindings, node.graph)
-        m.found = st.found
-        return m
+        return read_back(compiled, st.found)
     if improve:
         compiled = compile_pattern(pattern, relaxed=True)
         if attempt(compiled.rule, node, st, RELAXED):
-            m = assemble(compiled, st.found.bindings, node.graph)
-            m.found = st.found
-            m.extra = True
-            return m
+            return read_back(compiled, st.found, extra=True)
     return None
 
 

@@ -30,7 +30,7 @@ from ._exprs import (
     _TargetExprVarArgs,
 )
 
-__all__ = ["Match", "MatchContext", "assemble"]
+__all__ = ["Match", "MatchContext", "assemble", "read_back"]
 
 
 class MatchContext:
@@ -257,3 +257,12 @@ def assemble(compiled: Compiled, env: dict[str, Any], graph: fx.Graph) -> Match:
 
     visit(compiled.expr, top, env, set(), ctx.pattern_to_node)
     return top
+
+
+def read_back(compiled: Compiled, found: Any, *, extra: bool = False) -> Match:
+    """Inductor's match of ``compiled.expr`` from ``found``, the match fxpass's matcher
+    returned (its ``found``); ``extra``: only the relaxed rules found it."""
+    m = assemble(compiled, found.bindings, found.graph)
+    m.found = found
+    m.extra = extra
+    return m

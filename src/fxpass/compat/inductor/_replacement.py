@@ -29,6 +29,7 @@ from torch import fx
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from ...rewrite import Replace
 from ...rewrite.match import MatchState
 from ...rewrite.region import lazy_order
 from ._compile import FunctionalizedV2, argument_values
@@ -47,7 +48,7 @@ from ._match import Match
 from ._matching import dependent_values, same_size
 from ._pass import PatternMatcherPass
 from ._recipes import ReplacementRecipe, value_of, wanted
-from ._replay import Replay, apply_replay
+from ._replay import Replay, apply_replay, replay_edit
 from ._trace import IGNORED_TYPES, graph_to_pattern
 
 __all__ = [
@@ -76,6 +77,14 @@ class ReplacementPatternEntry(PatternEntry):
         return getattr(fn, "__name__", "replacement")
 
     def apply(self, match: Match, graph: fx.Graph, node: Node) -> None:
+        apply_replay(match, self._replay(match), self.entry_name)
+
+    def edit(self, match: Match, graph: fx.Graph, node: Node) -> Replace:
+        """How a pass run applies ``match``: the recorded replacement, replayed by the
+        rewrite driver."""
+        return replay_edit(match, self._replay(match), self.entry_name)
+
+    def _replay(self, match: Match) -> Replay:
         replay = match.replay
         if replay is None:  # a match checked elsewhere, with a replacement graph
             if match.replacement_graph is None:
@@ -83,7 +92,7 @@ class ReplacementPatternEntry(PatternEntry):
             replay = Replay(
                 match.replacement_graph, self.normalize_args(*match.args, **match.kwargs)
             )
-        apply_replay(match, replay, self.entry_name)
+        return replay
 
     @staticmethod
     def replace_with_graph(

@@ -28,12 +28,12 @@ from torch.fx.node import map_aggregate
 
 from ...edit.editor import Editor
 from ...fxutil.fx_internals import is_erased
-from ...rewrite import GraphReplacement
+from ...rewrite import GraphReplacement, Replace
 from ...rewrite import Match as _FxMatch
 from ...rewrite.rewriter import RewriteError, Rewriter
 from ._trace import size_of
 
-__all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph"]
+__all__ = ["Plan", "Replay", "apply_replay", "replace_with_graph", "replay_edit"]
 
 #: Metadata Inductor's replacement nodes take from the traced replacement's nodes, and an
 #: output from the node it replaces (fxpass's provenance handles the source location).
@@ -105,7 +105,6 @@ class Replay(GraphReplacement):
 
     def write(self, match: Any, bindings: dict[str, Any], editor: Editor) -> Any:
         graph = match.graph
-        self.editor = editor  # the rewrite's, which tells the run
         env: dict[Node, Any] = dict(zip(self.in_phs, self.args))
         sizes: dict[tuple, Any] = {}
 
@@ -125,7 +124,7 @@ class Replay(GraphReplacement):
                         if kind == "size"
                         else torch.ops.aten.sym_stride.int
                     )
-                    sizes[key] = self.editor.create(graph, "call_function", op, (src, d), {})
+                    sizes[key] = editor.create(graph, "call_function", op, (src, d), {})
             return sizes[key]
 
         for ph, (i, kind, d) in zip(self.sym_phs, self.sources):
@@ -145,7 +144,7 @@ class Replay(GraphReplacement):
         for n in self.plan.nodes:
             args, kwargs = map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
             if n.op == "get_attr":
-                env[n] = self._attr(graph, n)
+                env[n] = self._attr(graph, n, editor)
                 continue
             if n.op != "call_function":
                 raise NotImplementedError(f"replacement graphs may not contain {n.op} nodes ({n})")
@@ -157,7 +156,7 @@ class Replay(GraphReplacement):
                 if static is not None:  # x.numel() and the like, where the sizes are static
                     env[n] = static
                     continue
-            env[n] = new = self.editor.create(graph, "call_function", n.target, args, kwargs)
+            env[n] = new = editor.create(graph, "call_function", n.target, args, kwargs)
             for key in _META:
                 if key in n.meta:
                     new.meta[key] = n.meta[key]
@@ -165,7 +164,7 @@ class Replay(GraphReplacement):
         result = map_aggregate(self.plan.out, arg)
         self.result = tuple(result) if isinstance(result, (list, tuple)) else (result,)
         if self.shared:
-            return self.result + tuple(self._same_as(graph, n) for n in self.shared)
+            return self.result + tuple(self._same_as(graph, n, editor) for n in self.shared)
         return tuple(result) if isinstance(result, (list, tuple)) else result
 
     def _static(self, n: Node) -> int | None:
@@ -197,7 +196,7 @@ class Replay(GraphReplacement):
         v = expr.xreplace(sub)
         return int(v) if getattr(v, "is_Integer", False) else None
 
-    def _same_as(self, graph: fx.Graph, old: Node) -> Node:
+    def _same_as(self, graph: fx.Graph, old: Node, editor: Editor) -> Node:
         """A node of the replacement computing what ``old`` computes (the same op on the
         same values) — for a view or no-op cast the match saw through, that op redone on
         the replacement's value of its input — else ``old`` itself (it stays for its other
@@ -206,16 +205,16 @@ class Replay(GraphReplacement):
             if new.target is old.target and new.args == old.args and new.kwargs == old.kwargs:
                 return new
         if old in self.chains and isinstance(old.args[0], Node):
-            src = self._same_as(graph, old.args[0])
+            src = self._same_as(graph, old.args[0], editor)
             if src is not old.args[0]:
-                new = self.editor.create(
+                new = editor.create(
                     graph, old.op, old.target, (src, *old.args[1:]), dict(old.kwargs)
                 )
                 self.made.append((old, new))
                 return new
         return old
 
-    def _attr(self, graph: fx.Graph, n: Node) -> Node:
+    def _attr(self, graph: fx.Graph, n: Node, editor: Editor) -> Node:
         value = self.gm.get_submodule(n.target) if _is_module(self.gm, n.target) else None
         owner = graph.owning_module
         if owner is None:
@@ -236,7 +235,7 @@ class Replay(GraphReplacement):
                 owner.register_module(existing, value)
             else:
                 owner.register_buffer(existing, value, persistent=False)
-        return self.editor.create(graph, "get_attr", existing, (), {})
+        return editor.create(graph, "get_attr", existing, (), {})
 
 
 def _is_module(gm: fx.GraphModule, target: str) -> bool:
@@ -265,9 +264,10 @@ def _has_node(x: Any) -> bool:
 
 
 # ----- applying -----------------------------------------------------------------------------
-def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
-    """Replace ``match`` (Inductor's Match) by ``replay`` through fxpass's rewriter; returns
-    the nodes added (none if the debug counter said no)."""
+def replay_edit(match: Any, replay: Replay, name: str) -> Replace:
+    """The edit replacing ``match`` (Inductor's Match) by ``replay`` (nothing changes yet);
+    once it is made, its ``done`` gives the new outputs Inductor's metadata and tells the
+    pass run applying the match (``match.run``) what changed."""
     outs = [o for o in match.output_nodes() if o is not None]
     if not outs:
         raise RewriteError(_Named(name), "the match has no output to replace")
@@ -294,8 +294,6 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
         keep = [i for i, o in enumerate(outs) if o in inside]
         if len(keep) < len(outs):  # an output that is an input of the match: its readers
             outs, pick = [outs[i] for i in keep], keep  # keep reading it
-    run = match.run
-    rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
     found = match.found
     nodes = _nodes(match, found) + extra_nodes
     region = set(nodes).union(found.dropped if found is not None else ())
@@ -312,13 +310,29 @@ def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
         chains=list(found.chains) if found is not None else [],
         seen_through=list(found.seen_through) if found is not None else [],
     )
-    old_outs = list(outs)
     replacement = _Pick(replay, pick) if pick is not None else replay
-    if not rewriter.apply(fx_match, replacement=replacement, name=name):
+    run = match.run
+    old_outs = list(outs)
+
+    def done(old: list[Node], new: list[Node]) -> None:
+        _transfer_meta(old_outs, replay.result, set(new))
+        if run is not None:
+            run.replaced(old, new)
+
+    return Replace(fx_match, replacement, name, done)
+
+
+def apply_replay(match: Any, replay: Replay, name: str) -> list[Node]:
+    """Replace ``match`` (Inductor's Match) by ``replay`` now, through the rewriter of the
+    run applying it (else one of the run in progress); returns the nodes added (none if
+    the debug counter said no). A pass run's own matches are edits it hands the rewrite
+    driver instead (:func:`replay_edit`); this is for a handler's or a user's call."""
+    edit = replay_edit(match, replay, name)
+    run = match.run
+    rewriter = run.rewriter if run is not None else Rewriter(_module_or_graph(match.graph), name)
+    if not rewriter.apply(edit.match, replacement=edit.replacement, name=name):
         return []
-    _transfer_meta(old_outs, replay.result, set(rewriter.created))
-    if run is not None:
-        run.replaced(fx_match.nodes, rewriter.created)
+    edit.done(edit.match.nodes, rewriter.created)
     return [new for _, new in replay.made if not is_erased(new)]
 
 
@@ -346,7 +360,7 @@ class _Pick(GraphReplacement):
         self.replay.shared = shared
         picked = tuple(values[i] for i in self.pick)
         self.replay.result = picked
-        return picked + tuple(self.replay._same_as(match.graph, n) for n in shared)
+        return picked + tuple(self.replay._same_as(match.graph, n, editor) for n in shared)
 
 
 @functools.cache

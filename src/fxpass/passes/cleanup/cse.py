@@ -10,7 +10,7 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing, positions
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...fxutil.dialect import aten_op
@@ -133,6 +133,6 @@ def cse(gm: fx.GraphModule, ctx: PassContext) -> bool:
         elif editor.allow():
             rep[node] = first
             editor.replace_all_uses(node, first, "cse")
-            stat("merged")
+            ctx.stat("merged")
             changed = True
     return changed

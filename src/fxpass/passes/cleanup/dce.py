@@ -8,7 +8,7 @@ from torch._higher_order_ops.effects import _get_effect
 from torch.fx.node import _side_effectful_functions
 
 from ...core.analyses import aliasing, fake_values, positions, users
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...fxutil.dialect import aten_op
@@ -91,6 +91,6 @@ def dce(gm: fx.GraphModule, ctx: PassContext, *, keep_rng: bool = True) -> bool:
         if not editor.allow():
             continue
         editor.erase(node, "dce")
-        stat("removed")
+        ctx.stat("removed")
         changed = True
     return changed

@@ -6,7 +6,7 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, aliased_args
 from ...edit.editor import Editor
@@ -50,21 +50,22 @@ def _forward_readers(
 
 
 def _erase_in_place(
-    copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo, editor: Editor
+    copy: fx.Node, dst: fx.Node, src: fx.Node, info: AliasInfo, ctx: PassContext
 ) -> bool:
+    editor = ctx.editor
     if not same_layout(node_val(dst), node_val(src)):
         return False
     if info.written(info.roots(dst) | info.roots(src), after=info.pos[copy], ignore=copy):
         return False  # a later write would see (or hide) the difference
     moved = _forward_readers(copy, dst, src, info, editor)
     if moved:
-        stat("readers_forwarded", moved)
+        ctx.stat("readers_forwarded", moved)
     dst_roots = info.roots(dst)
     read_later = info.last_read(dst_roots) > info.pos[copy]
     gone = not info.external(dst_roots) and not read_later
     if gone and not copy.users and editor.allow():
         editor.erase(copy, "erase_copy")
-        stat("copies_erased")
+        ctx.stat("copies_erased")
     return bool(moved) or gone
 
 
@@ -104,7 +105,7 @@ def erase_copy(gm: fx.GraphModule, ctx: PassContext) -> bool:
         into = _copy_into(node)
         if into is not None:
             info = info or aliasing(gm)
-            if _erase_in_place(node, *into, info, editor):
+            if _erase_in_place(node, *into, info, ctx):
                 changed, info = True, None
         elif aten_op(node.target) is aten.copy.default and isinstance(node.args[1], fx.Node):
             info = info or aliasing(gm)
@@ -112,6 +113,6 @@ def erase_copy(gm: fx.GraphModule, ctx: PassContext) -> bool:
             ok = copy_is_unobservable(node, src, info) and view_is_replaceable(node, src)
             if ok and editor.allow():
                 editor.replace_all_uses(node, src, "erase_copy")
-                stat("copies_erased")
+                ctx.stat("copies_erased")
                 changed, info = True, None
     return changed

@@ -7,7 +7,7 @@ from torch import fx
 from torch.fx import Node
 
 from ...core.analyses import aliasing, fake_values, positions
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...fxutil.dialect import aten_op
 from ...fxutil.fx_internals import is_erased
@@ -83,13 +83,13 @@ def remove_assert_ops(gm: fx.GraphModule, ctx: PassContext, *, shape_checks: boo
         if not rw.erase(node, "remove_assert_ops"):
             continue
         changed = True
-        stat("removed")
+        ctx.stat("removed")
         stack = list(inputs)
         while stack:  # the scalar checks that computed the asserted condition
             n = stack.pop()
             if not is_erased(n) and _feeds_only_checks(n):
                 more = n.all_input_nodes
                 if rw.erase(n, "remove_assert_ops"):
-                    stat("removed_scalar")
+                    ctx.stat("removed_scalar")
                     stack.extend(more)
     return changed

@@ -6,7 +6,7 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing, positions
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...fxutil.dialect import aten_op
 from ._copies import input_becomes_output
@@ -57,6 +57,6 @@ def remove_detach(gm: fx.GraphModule, ctx: PassContext) -> bool:
         if input_becomes_output(node, src) or not editor.allow():
             continue
         editor.replace_all_uses(node, src, "remove_detach")
-        stat("removed")
+        ctx.stat("removed")
         changed = True
     return changed

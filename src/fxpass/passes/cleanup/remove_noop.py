@@ -6,7 +6,7 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing, positions
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo
 from ...fxutil.dialect import aten_op
@@ -161,7 +161,7 @@ def remove_noop(gm: fx.GraphModule, ctx: PassContext, *, copies: bool = True) ->
             ok = view_is_replaceable(node, src)
         if ok and editor.allow():
             editor.replace_all_uses(node, src, "remove_noop")
-            stat("views_removed" if kind in ("view", "dropout") else "copies_removed")
+            ctx.stat("views_removed" if kind in ("view", "dropout") else "copies_removed")
             if kind in (
                 "copy",
                 "view_copy",

@@ -9,7 +9,7 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...edit.alias import (
     FUNCTIONAL_HOPS,
@@ -146,8 +146,8 @@ def _reinplaceable(call: _Call, info: AliasInfo, writebacks: dict) -> bool:
     return True
 
 
-def _rewrite(call: _Call, writebacks: dict, editor: Editor) -> None:
-    node = call.node
+def _rewrite(call: _Call, writebacks: dict, ctx: PassContext) -> None:
+    node, editor = call.node, ctx.editor
     with editor.change("replace", _NAME, [node]) as change:
         named = dict(call.kwargs)
         for name, view in call.views.items():
@@ -156,13 +156,13 @@ def _rewrite(call: _Call, writebacks: dict, editor: Editor) -> None:
         inplace = editor.insert(
             call.op, tuple(args), kwargs, rule="reinplace", origin=[node], before=node
         )
-        _rewire(call, writebacks, named, inplace, editor)
+        _rewire(call, writebacks, named, inplace, ctx)
         change.new = [inplace]
 
 
-def _rewire(call: _Call, writebacks: dict, named: dict, inplace: fx.Node, editor: Editor) -> None:
+def _rewire(call: _Call, writebacks: dict, named: dict, inplace: fx.Node, ctx: PassContext) -> None:
     """Readers of the call's results read the in-place call or the bases it writes."""
-    node = call.node
+    node, editor = call.node, ctx.editor
     returns = len(call.schema.returns)
     for user in list(node.users):
         index = user.args[1]
@@ -180,7 +180,7 @@ def _rewire(call: _Call, writebacks: dict, named: dict, inplace: fx.Node, editor
     for copy in writebacks.values():
         if copy.args[0] is copy.args[1]:  # the write-back now copies a tensor into itself
             editor.replace_all_uses(copy, copy.args[0], _NAME)
-            stat("copies_removed")
+            ctx.stat("copies_removed")
     inplace.meta["val"] = node.meta.get("val", (None,))[0] if returns == 1 else None
     editor.erase(node, _NAME)
 
@@ -226,15 +226,15 @@ def fix_functionalization(gm: fx.GraphModule, ctx: PassContext) -> bool:
         if kind is None:
             continue
         if not all(u.target is operator.getitem for u in node.users):
-            stat("kept")
+            ctx.stat("kept")
             continue
         info = info or aliasing(gm)
         call = _Call(node, kind)
         writebacks = _writebacks(call)
         if _reinplaceable(call, info, writebacks) and editor.allow():
-            _rewrite(call, writebacks, editor)
-            stat("reinplaced")
+            _rewrite(call, writebacks, ctx)
+            ctx.stat("reinplaced")
             changed, info = True, None
         else:
-            stat("kept")
+            ctx.stat("kept")
     return changed

@@ -8,7 +8,7 @@ import torch
 from torch import fx
 
 from ...core.analyses import aliasing
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...edit.alias import AliasInfo, written_args
 from ...edit.dialect_writer import Spelling
@@ -141,13 +141,13 @@ def inplace_to_functional(gm: fx.GraphModule, ctx: PassContext) -> bool:
         if call is None:
             continue
         if not node.args or node.args[0] is not written[0]:
-            stat("kept")
+            ctx.stat("kept")
             continue
         info = info or aliasing(gm)
         safe = _safe(node, written[0], info)
         if safe and editor.allow() and _rewrite(node, written[0], call, info, editor):
-            stat("rewritten")
+            ctx.stat("rewritten")
             changed, info = True, None
         else:
-            stat("kept")
+            ctx.stat("kept")
     return changed
