@@ -34,3 +34,15 @@ def work(pt2_dir: Path, tmp_path: Path) -> Path:
     for name in ("tiny.pt2", "tiny.fxgraph"):
         (tmp_path / name).write_bytes((pt2_dir / name).read_bytes())
     return tmp_path
+
+
+@pytest.fixture
+def cli(work: Path, capsys, monkeypatch):
+    """``cli(*args)``: the fxpass command run in this process in ``work`` — for what a
+    separate process adds nothing to (refusals and their messages: each process costs
+    seconds of ``import torch``); the rest of the tests run it as users do
+    (``_cli_helpers.fxpass``)."""
+    from _cli_helpers import in_process
+
+    monkeypatch.chdir(work)
+    return lambda *args: in_process(list(args), capsys, monkeypatch)

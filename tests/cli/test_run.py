@@ -44,8 +44,8 @@ def test_run_prints_table_and_ir_after_change(work: Path):
     assert "Execution time report" in r.err
 
 
-def test_missing_file(work: Path):
-    r = fxpass("run", "nothere.pt2", "--json", cwd=work)
+def test_missing_file(cli):
+    r = cli("run", "nothere.pt2", "--json")
     assert r.code == 3
     assert "no such file: nothere.pt2" in one_line_error(r)
     data = json.loads(r.out)  # machines get the error as JSON on stdout too
@@ -53,11 +53,11 @@ def test_missing_file(work: Path):
 
 
 @pytest.mark.parametrize("damage", ["not a zip", "truncated"])
-def test_corrupt_pt2(work: Path, damage: str):
+def test_corrupt_pt2(work: Path, cli, damage: str):
     data = (work / "tiny.pt2").read_bytes()
     bad = b"garbage" if damage == "not a zip" else data[: len(data) // 2] + data[-2000:]
     (work / "bad.pt2").write_bytes(bad)
-    r = fxpass("run", "bad.pt2", "-p", "cse", "-o", "out.pt2", cwd=work)
+    r = cli("run", "bad.pt2", "-p", "cse", "-o", "out.pt2")
     assert r.code == 3
     assert "bad.pt2" in one_line_error(r)
     assert not (work / "out.pt2").exists()
@@ -72,21 +72,21 @@ def test_pt2_with_pickled_code_is_refused_and_runs_nothing(work: Path):
     assert not marker.exists()
 
 
-def test_malformed_spec(work: Path):
-    r = fxpass("run", "tiny.pt2", "-p", "cse,{", cwd=work)
+def test_malformed_spec(cli):
+    r = cli("run", "tiny.pt2", "-p", "cse,{")
     assert r.code == 2
     line = one_line_error(r)
     assert "bad pipeline spec at column 5" in line
 
 
-def test_unknown_pass_suggests(work: Path):
-    r = fxpass("run", "tiny.pt2", "-p", "csee", cwd=work)
+def test_unknown_pass_suggests(cli):
+    r = cli("run", "tiny.pt2", "-p", "csee")
     assert r.code == 2
     assert "unknown pass 'csee'; did you mean 'cse'?" in one_line_error(r)
 
 
-def test_bad_option_value(work: Path):
-    r = fxpass("run", "tiny.pt2", "-p", "fixpoint{max_iterations=0}(cse)", cwd=work)
+def test_bad_option_value(cli):
+    r = cli("run", "tiny.pt2", "-p", "fixpoint{max_iterations=0}(cse)")
     assert r.code == 2  # a spec error with its column, checked before anything loads
     assert one_line_error(r) == (
         "error: bad pipeline spec at column 25 of 'fixpoint{max_iterations=0}(cse)': "
@@ -120,20 +120,20 @@ def test_debug_shows_the_traceback(work: Path):
     assert "Traceback" in r.err and "planted failure in explode" in r.err
 
 
-def test_unwritable_output_fails_before_running(work: Path):
-    r = fxpass("run", "tiny.pt2", "-p", "cse", "-o", "no/such/dir/out.pt2", cwd=work)
+def test_unwritable_output_fails_before_running(cli):
+    r = cli("run", "tiny.pt2", "-p", "cse", "-o", "no/such/dir/out.pt2")
     assert r.code == 5
     assert "folder no/such/dir does not exist" in one_line_error(r)
 
 
-def test_wrong_output_kind(work: Path):
-    r = fxpass("run", "tiny.pt2", "-p", "cse", "-o", "out.fxgraph", cwd=work)
+def test_wrong_output_kind(cli):
+    r = cli("run", "tiny.pt2", "-p", "cse", "-o", "out.fxgraph")
     assert r.code == 2
     assert "write it to a .pt2 file" in one_line_error(r)
 
 
-def test_module_function_targets(work: Path):
-    r = fxpass("run", "cli_targets:broken", "-p", "cse", cwd=work)
+def test_module_function_targets(cli):
+    r = cli("run", "cli_targets:broken", "-p", "cse")
     assert r.code == 3
     assert "this target is broken on purpose" in one_line_error(r)
 
@@ -293,7 +293,7 @@ def test_run_verify_each(work: Path, extent: str):
     assert json.loads(r.out)["modified"]
 
 
-def test_run_verify_each_refuses_other_words(work: Path):
-    r = fxpass("run", "tiny.pt2", "--verify-each", "some", cwd=work)
+def test_run_verify_each_refuses_other_words(cli):
+    r = cli("run", "tiny.pt2", "--verify-each", "some")
     assert r.code == 2
     assert "'some' is not one of 'changed', 'full'" in r.err
