@@ -315,9 +315,9 @@ class ReplacementRecipe:
         from torch._guards import detect_fake_mode
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        if static_signature(values) is None:  # symbolic sizes: traced with the values
-            mode = detect_fake_mode(values)  # themselves, in their graph's fake mode
-            flat = list(values)
+        mode = detect_fake_mode(values)
+        if mode is not None:  # traced with the values themselves, in their graph's fake
+            flat = list(values)  # mode (as Inductor traces a match)
         else:
             mode = FakeTensorMode()
             flat = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
@@ -531,8 +531,9 @@ def _static(trace: Callable[..., Any], fn: Callable[..., Any], values: list[Any]
     from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if static_signature(values) is None:  # the graph's symbolic sizes: its values, its mode
-        mode, fakes = detect_fake_mode(values), list(values)
+    mode = detect_fake_mode(values)
+    if mode is not None:  # the graph's values in its own fake mode, as Inductor traces them
+        fakes = list(values)
     else:
         mode = FakeTensorMode()
         fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]

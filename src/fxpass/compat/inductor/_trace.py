@@ -40,6 +40,7 @@ from ._exprs import (
     PatternExpr,
     SizeExpr,
 )
+from ._fake_memo import memoized_fake_kernels
 
 __all__ = [
     "SymbolicTrace",
@@ -79,7 +80,7 @@ def fwd_only(
 
     # the module's Python code is generated when first needed (a pattern reads the graph only)
     with _use_lazy_graph_module(True):
-        with enable_python_dispatcher(), preserve_node_meta():
+        with enable_python_dispatcher(), preserve_node_meta(), memoized_fake_kernels(args):
             gm = make_fx(fn, _decomps(get_decomp_fn), tracing_mode="real")(*args)
         if run_functional_passes:
             from torch._inductor.fx_passes.post_grad import remove_noop_ops
