@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import fx
 
-from ..core.context import stat
+from ..core.context import PassContext
 from ..core.contract import FunctionPass, Pass, PassResult
 from ..core.pass_registry import as_pass
 from ..core.pipeline import Pipeline
@@ -35,7 +35,7 @@ __all__ = ["PassManager"]
 
 
 def _pattern_pass(cls: type) -> Pass:
-    def apply_pattern(gm: fx.GraphModule) -> bool:
+    def apply_pattern(gm: fx.GraphModule, ctx: PassContext) -> bool:
         from .fx import replace_pattern, replace_pattern_with_filters
 
         filters = getattr(cls, "match_filters", None)
@@ -43,7 +43,7 @@ def _pattern_pass(cls: type) -> Pass:
             matches = replace_pattern_with_filters(gm, cls.pattern, cls.replacement, filters)
         else:
             matches = replace_pattern(gm, cls.pattern, cls.replacement)
-        stat("matches", len(matches))
+        ctx.stat("matches", len(matches))
         return bool(matches)
 
     return FunctionPass(apply_pattern, cls.__name__)

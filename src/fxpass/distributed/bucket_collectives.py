@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from .collectives import C10D, Inserter
@@ -215,7 +215,8 @@ def bucket_collectives(
                          f"{threshold} and {cap}")  # fmt: skip
     before = launches(gm)
     buckets = find_buckets(gm, threshold, cap)
-    editor = handed_context(ctx, RULE).editor
+    ctx = handed_context(ctx, RULE)
+    editor = ctx.editor
     merged = 0
     for bucket in buckets:
         if not editor.allow():
@@ -223,13 +224,13 @@ def bucket_collectives(
         with editor.change("merge", RULE, bucket):
             _merge(editor, bucket)
         merged += len(bucket)
-        stat("buckets")
-    stat("launches_before", before)
+        ctx.stat("buckets")
+    ctx.stat("launches_before", before)
     if not merged:
-        stat("launches_after", before)
+        ctx.stat("launches_after", before)
         return False
     repropagate(gm, fake_mode(gm))
     gm.graph.lint()
-    stat("merged", merged)
-    stat("launches_after", launches(gm))
+    ctx.stat("merged", merged)
+    ctx.stat("launches_after", launches(gm))
     return True

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import heapq
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..fxutil.fx_internals import sort_key
@@ -83,6 +84,13 @@ _NORMS = {
 }
 
 
+_Stat = Callable[..., None]  # (name, value=1)
+
+
+def _no_stat(name: str, value: float = 1) -> None:
+    """Counts nothing: scatter_graph called outside a pass."""
+
+
 def _is_tensor(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
 
@@ -100,8 +108,9 @@ def _token_dim(shape: tuple[int, ...], world_size: int, where: str) -> int:
 class _Scatter:
     """Follow the scattered values; slice replicated operands, gather where needed."""
 
-    def __init__(self, editor: Editor, rank: int, world_size: int, group: str) -> None:
+    def __init__(self, editor: Editor, rank: int, world_size: int, group: str, stat: _Stat) -> None:
         self.editor, self.rank, self.n, self.group = editor, rank, world_size, group
+        self.stat = stat
         self.layouts: dict[fx.Node, Any] = {}
         self.gathered: dict[fx.Node, fx.Node] = {}
         self.sliced: dict[tuple[fx.Node, int], fx.Node] = {}
@@ -192,7 +201,7 @@ class _Scatter:
             piece.meta["val"] = value.meta["val"]  # global until repropagated, like the rest
             self.layouts[piece] = Shard(dim)
             self.sliced[key] = piece
-            stat("slices")
+            self.stat("slices")
         return self.sliced[key]
 
     def _gather_inputs(self, node: fx.Node) -> None:
@@ -208,7 +217,7 @@ class _Scatter:
             put = Inserter(self.editor, RULE, [value], after=value)
             full = collectives.all_gather(put, value, local, shard.dim, self.n, self.group)
             self.gathered[value] = full
-            stat("all_gathers")
+            self.stat("all_gathers")
         return self.gathered[value]
 
 
@@ -217,16 +226,19 @@ def _per_token(value: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() >= 2 and val.shape[-1] == 1
 
 
-def scatter_graph(gm: fx.GraphModule, rank: int, world_size: int, editor: Editor) -> int:
+def scatter_graph(
+    gm: fx.GraphModule, rank: int, world_size: int, editor: Editor, stat: _Stat = _no_stat
+) -> int:
     """Turn the graph's sum all-reduces into reduce-scatters (see the module docstring),
-    editing through ``editor``; returns how many."""
+    editing through ``editor`` and counting slices and all-gathers with ``stat`` (a
+    :meth:`PassContext.stat <fxpass.core.PassContext.stat>`); returns how many."""
     # a distributed norm's all-reduce (one value per token, [..., 1]) stays: its result
     # scales feature-sharded values of every token, which the scattered layout cannot hold
     pairs = [(r, w) for r, w in collectives.sum_all_reduces(gm) if not _per_token(r.args[0])]
     if not pairs:
         return 0
     seeds: dict[fx.Node, Shard] = {}
-    scatter = _Scatter(editor, rank, world_size, pairs[0][0].args[2])
+    scatter = _Scatter(editor, rank, world_size, pairs[0][0].args[2], stat)
     for reduce, wait in pairs:
         collectives.sink_below_views(reduce, wait, editor)
         if not editor.allow():
@@ -265,12 +277,13 @@ def sequence_parallel(
     world_size, rank = resolve_rank(world_size, rank)
     if world_size == 1:
         return False
-    count = scatter_graph(gm, rank, world_size, handed_context(ctx, RULE).editor)
+    ctx = handed_context(ctx, RULE)
+    count = scatter_graph(gm, rank, world_size, ctx.editor, ctx.stat)
     if not count:
         return False
     repropagate(gm, fake_mode(gm))
     gm.graph.lint()
-    stat("reduce_scatters", count)
+    ctx.stat("reduce_scatters", count)
     return True
 
 

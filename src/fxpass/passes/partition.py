@@ -22,7 +22,7 @@ from typing import Literal
 
 from torch import fx
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.pass_registry import register
 from ..fxutil.fx_internals import is_exported_graph
 from ..partition.capability import capability_partitions
@@ -81,7 +81,7 @@ def partition(
     calls = [call for call in fused_nodes(gm) if call not in before]
     if not calls:
         return False
-    stat("partitions", len(calls))
-    stat("nodes", sum(len(call.meta[FUSED_META]["nodes"]) for call in calls))
+    ctx.stat("partitions", len(calls))
+    ctx.stat("nodes", sum(len(call.meta[FUSED_META]["nodes"]) for call in calls))
     gm.recompile()
     return True

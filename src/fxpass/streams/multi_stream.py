@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from ..core.context import PassContext, stat
+from ..core.context import PassContext
 from ..core.pass_registry import register
 from ..edit.memory import Memory
 from ..ops.stream import is_stream_op
@@ -79,7 +79,7 @@ def multi_stream(
     (one record + wait). A graph that already has stream ops is left alone.
     """
     if any(is_stream_op(n) for n in gm.graph.nodes):
-        stat("already_scheduled")
+        ctx.stat("already_scheduled")
         return False
     cost = CostModel(
         peak_flops=peak_tflops * 1e12,
@@ -91,17 +91,17 @@ def multi_stream(
     plan = plan_streams(
         gm, streams=streams, cost=cost, min_gain_us=min_gain_us, side=side or (), memory=memory
     )
-    stat("regions", len(plan.regions))
-    stat("regions_split", sum(rp.accepted for rp in plan.regions))
+    ctx.stat("regions", len(plan.regions))
+    ctx.stat("regions_split", sum(rp.accepted for rp in plan.regions))
     editor = ctx.editor
     if not plan.assignment or not editor.allow():  # the schedule is one change: all or none
         return False
     stats = apply_plan(gm, plan, memory=memory, editor=editor)
-    stat("side_kernels", stats.side_kernels)
-    stat("events", stats.events)
-    stat("waits", stats.waits)
-    stat("record_streams", stats.record_streams)
-    stat("gain_us", round(plan.gain_us, 1))
+    ctx.stat("side_kernels", stats.side_kernels)
+    ctx.stat("events", stats.events)
+    ctx.stat("waits", stats.waits)
+    ctx.stat("record_streams", stats.record_streams)
+    ctx.stat("gain_us", round(plan.gain_us, 1))
     ctx.analyses.preserve(stream_assignment)  # apply_plan's last check asked for it
     return True
 

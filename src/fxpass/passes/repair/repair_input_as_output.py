@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.contract import PassResult
 from ...core.pass_registry import register
 from ...edit.dialect_writer import Spelling
@@ -81,6 +81,6 @@ def repair_input_as_output(
                 clone.meta["val"] = val
             for out in outputs:
                 editor.replace_input(out, node, clone, rule=_NAME)
-        stat("clones_inserted")
+        ctx.stat("clones_inserted")
         changed = True
     return PassResult(gm, changed)

@@ -8,11 +8,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from ...core.context import PassContext, stat
+from ...core.context import PassContext
 from ...core.pass_registry import register
 from ...edit.alias import lay_out_args
 from ...edit.dialect_writer import Spelling
-from ...edit.editor import Editor
 from ...fxutil.dialect import aten_op
 from ...fxutil.ops import schema_of
 from ...fxutil.values import fake_value, node_val
@@ -90,10 +89,11 @@ def _convert(
     kwargs: dict,
     names: list[str],
     spell: Spelling,
-    editor: Editor,
+    ctx: PassContext,
 ) -> bool:
     """Call ``target`` with ``args`` / ``kwargs`` (laid out for it, changed in place here),
     numbers ``names`` made 0-d tensors, unless that changes the result's shape or dtype."""
+    editor = ctx.editor
     like = next(
         (node_val(a) for a in node.all_input_nodes if isinstance(node_val(a), torch.Tensor)),
         None,
@@ -129,7 +129,7 @@ def _convert(
         target, args, kwargs = spell(target, tuple(args), kwargs)
         editor.set_target(node, target, args=args, kwargs=kwargs, rule=_NAME)
         change.new = [*made, node]
-    stat("scalars_converted", len(made))
+    ctx.stat("scalars_converted", len(made))
     return True
 
 
@@ -172,8 +172,8 @@ def scalar_to_tensor(
             target = _tensor_overload(target) or target
         args, kwargs = _bind(node, schema_of(original), schema_of(target))
         names = _numbers(target, args, kwargs)
-        if names and editor.allow() and _convert(node, target, args, kwargs, names, spell, editor):
+        if names and editor.allow() and _convert(node, target, args, kwargs, names, spell, ctx):
             if target is not original:
-                stat("overloads_switched")
+                ctx.stat("overloads_switched")
             changed = True
     return changed
