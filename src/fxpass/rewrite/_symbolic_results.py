@@ -140,6 +140,23 @@ class _Keyer:
         raise _Uncacheable  # SymFloat, SymBool, opaque objects
 
 
+def _symbolic_in(values: Any) -> bool:
+    """Whether a tensor among ``values`` (nested lists and tuples too) has symbolic sizes,
+    strides or storage offset, or a value is a ``SymInt``: what makes a call's key symbolic."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if v._has_symbolic_sizes_strides:
+                return True
+        elif isinstance(v, torch.SymInt):
+            return True
+        elif type(v) in (tuple, list):
+            if _symbolic_in(v):
+                return True
+        elif type(v) is dict and _symbolic_in(v.values()):
+            return True
+    return False
+
+
 def _free_symbols(s: Any) -> set[Any]:
     return s.node.expr.free_symbols if isinstance(s, torch.SymInt) else set()
 
@@ -242,6 +259,8 @@ class SymbolicResults:
         """``op(*args, **kwargs)``'s fake result: remembered, or ``compute()`` (then
         remembered where it can be; a None result never is). ``prefer``: the values to
         return in place of fresh tensors where they have the remembered metadata."""
+        if not (_symbolic_in(args) or (kwargs and _symbolic_in(kwargs.values()))):
+            return compute()  # static sizes (a flag per tensor): no key to build
         try:
             if _writes_or_aliases(op):
                 raise _Uncacheable

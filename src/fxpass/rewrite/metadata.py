@@ -122,7 +122,11 @@ class MetaPropagator:
         values = map_arg((args, kwargs), val)
         if missing:  # the evaluator says which
             return compute()
-        return SYMBOLIC_RESULTS.call(n.target, values[0], values[1], compute, prefer=prefer)
+
+        def run() -> Any:  # on the values just read, without reading them again
+            return evaluator.run(n.target, values[0], values[1], node=n, prefer=prefer)
+
+        return SYMBOLIC_RESULTS.call(n.target, values[0], values[1], run, prefer=prefer)
 
     # ----- provenance -------------------------------------------------------------------
     @staticmethod

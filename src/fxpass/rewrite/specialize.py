@@ -131,6 +131,10 @@ class _Builder:
     def __init__(self) -> None:
         self.fns: dict[int, Fn] = {}
         self.keep: list[Pattern] = []
+        # id(pattern) -> whether a node could start a match of it, judged by its op alone
+        # (op patterns; unshared alternatives of them): an alternative that cannot is skipped
+        # without a call. Patterns not in it may match anything.
+        self.admits: dict[int, Callable[[Node], bool]] = {}
 
     def fn(self, p: Pattern) -> Fn:
         hit = self.fns.get(id(p))
@@ -218,6 +222,20 @@ class _Builder:
     def any_of(self, p: AnyOf) -> Fn:
         memo, bind = _memo(p), _binder(p)
         options = [self.fn(o) for o in p.options]
+        admits = [self.admits.get(id(o)) for o in p.options]
+        # a value that is no node: op patterns never match it
+        not_nodes = [f for f, a in zip(options, admits) if a is None]
+        # per op: the alternatives a node calling it may match, in order (the target kept)
+        by_op: dict[Any, tuple[Any, list[Fn]]] = {}
+
+        def options_for(v: Node) -> list[Fn]:
+            t = v.target
+            key = id(t) if v.op == "call_function" else (v.op, t)
+            hit = by_op.get(key)
+            if hit is None or hit[0] is not t:
+                fit = [f for f, a in zip(options, admits) if a is None or a(v)]
+                hit = by_op[key] = (t, fit)
+            return hit[1]
 
         def any_of(v: Any, st: MatchState, k: Cont) -> bool:
             if memo is not None:
@@ -225,8 +243,11 @@ class _Builder:
                 if hit is not None:
                     return hit
             then = _then(bind, v, st, k)
-            return any(option(v, st, then) for option in options)
+            fit = options_for(v) if v.__class__ is Node else not_nodes
+            return any(option(v, st, then) for option in fit)
 
+        if memo is None and all(a is not None for a in admits):
+            self.admits[id(p)] = lambda v: any(a(v) for a in admits)
         return any_of
 
     def through(self, p: Through) -> Fn:
@@ -276,6 +297,18 @@ class _Builder:
                 plan = (r, strict, swap, r.quick, self._runner(r))
             plans[key] = (v.target, plan)  # the target keeps its id valid
             return plan
+
+        def admits(v: Node) -> bool:
+            t = v.target
+            key = id(t) if v.op == "call_function" else (v.op, t)
+            hit = plans.get(key)
+            if hit is not None and (hit[0] is t or v.op != "call_function"):
+                return hit[1] is not None
+            if v.op not in ("call_function", "call_method", "call_module"):
+                return False
+            return plan_for(v, key, t if v.op == "call_function" else v.op) is not None
+
+        self.admits[id(p)] = admits
 
         def op(v: Any, st: MatchState, k: Cont) -> bool:
             if v.__class__ is not Node:
