@@ -52,6 +52,14 @@ def test_missing_file(cli):
     assert data["ok"] is False and data["exit_code"] == 3 and "nothere.pt2" in data["error"]
 
 
+def test_each_command_in_one_process_prints_its_own_json(cli):
+    """main() run twice in one process (a library's or a test's): the second command's
+    error is still printed as JSON after the first printed its own object."""
+    assert json.loads(cli("run", "tiny.fxgraph", "-p", "cse", "--json").out)["ok"]
+    r = cli("run", "nothere.pt2", "--json")
+    assert r.code == 3 and json.loads(r.out)["exit_code"] == 3
+
+
 @pytest.mark.parametrize("damage", ["not a zip", "truncated"])
 def test_corrupt_pt2(work: Path, cli, damage: str):
     data = (work / "tiny.pt2").read_bytes()

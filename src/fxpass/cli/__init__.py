@@ -25,6 +25,7 @@ from ._common import (
     OK,
     USAGE,
     CliError,
+    begin_command,
     emit_json_error,
     stderr,
 )
@@ -109,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not debug:  # torch's deprecation chatter is noise on a command line
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
+    begin_command()
     try:
         rv = cli.main(args=args, prog_name="fxpass", standalone_mode=False)
         code = rv if isinstance(rv, int) else OK

@@ -70,6 +70,12 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def begin_command() -> None:
+    """A command starts: it has printed no JSON object yet (``main`` may run several in one
+    process: a library's or a test's)."""
+    _EMITTED[0] = False
+
+
 def emit_json_error(message: str, code: int) -> None:
     """With --json, a failed command still prints one JSON object (unless it already did)."""
     if not _EMITTED[0]:
