@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ...fxutil.ops import schema_of
+from ...fxutil.values import build_result
 
 __all__ = ["memoized_fake_kernels"]
 
@@ -67,8 +68,7 @@ def memoized_fake_kernels(args: Sequence[Any]) -> Iterator[None]:
             return base(func, types, args, kwargs)
         hit = memo.get(key)
         if hit is not None:
-            with mode:
-                return _rebuild(hit)
+            return build_result(hit, mode)
         out = base(func, types, args, kwargs)
         spec = _spec(out, args, kwargs)
         if spec is not None:
@@ -148,8 +148,9 @@ def _key(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple | None:
 
 
 def _spec(out: Any, args: Any, kwargs: dict[str, Any]) -> tuple | None:
-    """The results' metadata, if they can be made anew from it: plain strided tensors at
-    offset 0 on storages of their own (none an input's), static sizes, no autograd."""
+    """The results' metadata as :func:`~fxpass.fxutil.values.build_result` makes them anew,
+    if it can: plain strided tensors at offset 0 on storages of their own (none an input's),
+    static sizes, no autograd."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     many = type(out) in (tuple, list)
@@ -167,14 +168,5 @@ def _spec(out: Any, args: Any, kwargs: dict[str, Any]) -> tuple | None:
         if storage in seen:
             return None
         seen.add(storage)
-        specs.append((m[0], m[1], m[3], m[4]))
-    return (type(out) if many else None, tuple(specs))
-
-
-def _rebuild(spec: tuple) -> Any:
-    kind, specs = spec
-    made = [
-        torch.empty_strided(size, stride, dtype=dtype, device=device)
-        for size, stride, dtype, device in specs
-    ]
-    return kind(made) if kind is not None else made[0]
+        specs.append(("T", m[0], m[1], m[3], m[4]))
+    return (type(out), tuple(specs)) if many else specs[0]  # fxutil.values.build_result's
