@@ -10,6 +10,12 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("[!_]*.py"))
+#: inductor.py --vllm builds and uses the vLLM environment: on the xdist worker of the vLLM
+#: tests (tests/conftest.py's "vllm" group), so neither worker waits on the other's build lock
+PARAMS = [
+    pytest.param(s, marks=pytest.mark.xdist_group("vllm")) if s == "inductor.py" else s
+    for s in SCRIPTS
+]
 
 
 def test_benchmarks_exist():
@@ -19,7 +25,7 @@ def test_benchmarks_exist():
     assert "cost.py" in SCRIPTS  # what each command costs against its anchor (issue 31)
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", PARAMS)
 def test_benchmark_runs_quick(script):
     if script.startswith("executorch"):
         pytest.importorskip("executorch.exir")
