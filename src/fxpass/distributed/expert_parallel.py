@@ -52,6 +52,7 @@ from torch import fx
 from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
+from ..rewrite.metadata import fake_mode, repropagate
 from .analysis import expert_decisions
 from .collectives import Inserter
 from .experts import Block, find_blocks
@@ -59,14 +60,8 @@ from .mesh import Mesh, Place, expert_range
 from .plan import ExpertBlock, PlanError, ShardPlan
 from .sites import Params
 from .strategy import Section, Strategy, StrategyPass, Survey, handed_context
-from .tensor_parallel import (
-    current_weight,
-    fake_mode,
-    rank_key,
-    replace_weight,
-    repropagate,
-    resolve_rank,
-)
+from .tensor_parallel import rank_key, resolve_rank
+from .weights import current_weight, replace_weight
 
 __all__ = [
     "STRATEGY",
