@@ -4,7 +4,7 @@ The plan is checked against the graph and followed once (:func:`tensor_script`: 
 weight's layout, every constant to rewrite, every collective, by node name — what each rank
 applies); then, for each rank, :func:`rank_edits` works out that rank's edits as data, the
 graph only read (an :class:`~.edit_script.EditScript`), and one executor,
-:func:`~.edit_script.apply_edits`, applies them to the rank's copy of the graph. The rank
+:func:`~.edit_script.apply_edits`, applies them to the rank's copy of the graph. Each rank
 
 * slices every sharded weight (and a column-parallel bias, and the weights sliced with the
   activations they meet) to the rank's piece — in the ExportedProgram's state dict, in the
