@@ -14,14 +14,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from fxpass.distributed.collectives import C10D
-from fxpass.distributed.edit_script import (
-    EditScript,
-    Reduce,
-    SetArg,
-    SliceWeight,
-    TakePiece,
-    apply_edits,
-)
+from fxpass.distributed.edit_script import EditScript, apply_edits
+from fxpass.distributed.edits import Reduce, SetArg, SliceWeight, TakePiece
 from fxpass.distributed.placement import Shard
 from fxpass.distributed.plan import PlanError
 from fxpass.edit.editor import Editor

@@ -10,14 +10,8 @@ from _shard_helpers import C10D, assert_vals_consistent, count, sharded
 
 import fxpass as fp
 from fxpass.distributed import PlanError, ShardError, analyze, weight_bytes
-from fxpass.distributed.edit_script import (
-    EditScript,
-    Gather,
-    MaskedLookup,
-    Reduce,
-    SetArg,
-    SliceWeight,
-)
+from fxpass.distributed.edit_script import EditScript
+from fxpass.distributed.edits import Gather, MaskedLookup, Reduce, SetArg, SliceWeight
 from fxpass.distributed.placement import Shard
 from fxpass.distributed.strategy import Survey
 from fxpass.distributed.tensor_parallel import rank_edits, rank_key, tensor_script

@@ -51,17 +51,8 @@ from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from . import collectives
 from .analysis import check_world_size, collectives_of, tensor_decisions
-from .edit_script import (
-    Bypass,
-    EditScript,
-    Gather,
-    MaskedLookup,
-    Reduce,
-    SetArg,
-    SliceWeight,
-    TakePiece,
-    apply_edits,
-)
+from .edit_script import EditScript, apply_edits
+from .edits import Bypass, Gather, MaskedLookup, Reduce, SetArg, SliceWeight, TakePiece
 from .mesh import Mesh, Place
 from .placement import Shard
 from .plan import Decision, PlanError, ShardError, ShardPlan, plural

@@ -70,7 +70,8 @@ def replace_weight(
 
 
 class Replaced:
-    """The tensors replaced on one graph, to put back when the rewrite fails.
+    """The tensors replaced on one graph, to put back when the rewrite fails, and their
+    bytes (``before``: the tensors replaced, ``after``: what replaced them).
 
     >>> replaced = Replaced(gm, program)                         # doctest: +SKIP
     >>> replaced.replace(node, piece, mode)                      # doctest: +SKIP
@@ -79,6 +80,7 @@ class Replaced:
 
     def __init__(self, gm: fx.GraphModule, program: Any) -> None:
         self.gm, self.program = gm, program
+        self.before = self.after = 0
         self._old: list[tuple[Any, str, bool, Any]] = []
 
     def replace(self, node: fx.Node, new: torch.Tensor, mode: Any) -> bool:
@@ -86,7 +88,10 @@ class Replaced:
         home = _home(self.gm, node, self.program)
         if home is None:
             return False
-        self._old.append((*home, _get(*home)))
+        old = _get(*home)
+        self._old.append((*home, old))
+        self.before += old.numel() * old.element_size()
+        self.after += new.numel() * new.element_size()
         return replace_weight(self.gm, node, new, mode, self.program)
 
     def restore(self) -> None:
