@@ -16,6 +16,7 @@ Modules: :mod:`~.strategy` (the table of strategies: each one module's ``STRATEG
 through ops), :mod:`~.analysis` (tensor parallelism), :mod:`~.experts` (mixtures of
 experts), :mod:`~.stages` (stages by a cost model), :mod:`~.collectives`,
 :mod:`~.edit_script` (a rank's edits as data and the one executor that applies them),
+:mod:`~.edits` (the kinds of edit),
 :mod:`~.weights` (where a weight's tensor lives), the passes
 :mod:`~.tensor_parallel`, :mod:`~.expert_parallel`, :mod:`~.sequence_parallel` and
 :mod:`~.fuse_allreduce_add_rmsnorm`, :mod:`~.bucket_collectives` and :mod:`~.async_tp`

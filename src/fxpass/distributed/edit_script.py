@@ -18,7 +18,7 @@ leaves the graph and the weights as they were.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
@@ -27,6 +27,9 @@ from ..rewrite.metadata import fake_mode, repropagate
 from .plan import PlanError
 from .weights import Replaced
 
+if TYPE_CHECKING:
+    from .edits import Cut, Edit
+
 __all__ = ["Application", "EditScript", "apply_edits"]
 
 
@@ -34,8 +37,8 @@ __all__ = ["Application", "EditScript", "apply_edits"]
 class EditScript:
     """One rank's rewrite: the graph ``edits`` in order, then the ``weights`` cut."""
 
-    edits: list[Any] = field(default_factory=list)
-    weights: list[Any] = field(default_factory=list)  # SliceWeight, KeepRows
+    edits: list[Edit] = field(default_factory=list)
+    weights: list[Cut] = field(default_factory=list)
 
     def names(self) -> set[str]:
         """Every node the script names."""
@@ -83,7 +86,7 @@ def apply_edits(gm: fx.GraphModule, script: EditScript, ctx: Any, rule: str) -> 
                 edit.apply_to(at)
         at.mode = fake_mode(gm)
         for weight in script.weights:
-            weight.apply_to(at)
+            weight.cut(at)
         repropagate(gm, at.mode, {at[w.node] for w in script.weights})
         gm.graph.lint()
     except BaseException:

@@ -19,7 +19,8 @@ it, that knows how to make itself.
 * :class:`SliceWeight`: a weight keeps the rank's piece; :class:`KeepRows`: an expert
   stack keeps the rank's experts.
 
-``edit.apply_to(at)`` makes the edit, ``at`` the :class:`~.edit_script.Application` under
+Each is an :class:`Edit` (``edit.apply_to(at)`` makes it) or, for a weight, a :class:`Cut`
+(``cut(at)``, after the graph's edits), ``at`` the :class:`~.edit_script.Application` under
 way (the graph's nodes by name, the editor, the rule, the weights replaced): nodes through
 the run's editor and :mod:`.collectives`' node builders, a weight where the program keeps
 it (:mod:`.weights`). ``counted``: the debug counter counts the edit as one change (the
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Bypass",
     "Clamp",
+    "Cut",
+    "Edit",
     "FirstOffsets",
     "Gather",
     "KeepRows",
@@ -65,16 +68,26 @@ __all__ = [
 aten = torch.ops.aten
 
 
+class Edit:
+    """One edit of a rank's rewrite (see the module): ``apply_to(at)`` makes it."""
+
+    #: the debug counter counts it as one change (the collectives' edits)
+    counted: ClassVar[bool] = False
+    #: the fields that name nodes (a name, or a tuple of names)
+    named: ClassVar[tuple[str, ...]] = ("node",)
+
+    def apply_to(self, at: Application) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class SetArg:
+class SetArg(Edit):
     """``node``'s argument at ``where`` (``("args", i)`` or ``("kwargs", key)``) becomes
     ``value``."""
 
     node: str
     where: tuple[str, Any]
     value: Any
-    counted: ClassVar[bool] = False  # one change of the debug counter's
-    named: ClassVar[tuple[str, ...]] = ("node",)  # the fields that name nodes
 
     def apply_to(self, at: Application) -> None:
         node = at[self.node]
@@ -88,19 +101,17 @@ class SetArg:
 
 
 @dataclass(frozen=True)
-class Bypass:
+class Bypass(Edit):
     """The readers of ``node`` read its first argument; ``node`` goes."""
 
     node: str
-    counted: ClassVar[bool] = False
-    named: ClassVar[tuple[str, ...]] = ("node",)
 
     def apply_to(self, at: Application) -> None:
         at.editor.replace_all_uses(at[self.node], at[self.node].args[0], at.rule)
 
 
 @dataclass(frozen=True)
-class Reduce:
+class Reduce(Edit):
     """``wait_tensor(all_reduce(value, op, group))``, times ``scale``, read by ``readers``
     (empty: every reader of ``value`` when the edit is made). ``bias``: ``value`` is a
     matmul whose bias is taken out and added after the reduction."""
@@ -134,7 +145,7 @@ class Reduce:
 
 
 @dataclass(frozen=True)
-class MaskedLookup:
+class MaskedLookup(Edit):
     """The embedding lookup ``node`` holds the rows ``[start, stop)``: ids outside them
     look up row 0 and are zeroed, and the result is all-reduced over ``group``."""
 
@@ -143,7 +154,6 @@ class MaskedLookup:
     stop: int
     group: str
     counted: ClassVar[bool] = True
-    named: ClassVar[tuple[str, ...]] = ("node",)
 
     def apply_to(self, at: Application) -> None:
         node = at[self.node]
@@ -164,7 +174,7 @@ class MaskedLookup:
 
 
 @dataclass(frozen=True)
-class Gather:
+class Gather(Edit):
     """The graph returns the all-gather over ``group`` of ``value`` (each rank's piece, of
     shape ``local``, ``count`` pieces along ``dim``)."""
 
@@ -186,7 +196,7 @@ class Gather:
 
 
 @dataclass(frozen=True)
-class TakePiece:
+class TakePiece(Edit):
     """``reader`` reads ``value[start:stop]`` along ``dim`` instead of ``value``."""
 
     reader: str
@@ -194,7 +204,6 @@ class TakePiece:
     dim: int
     start: int
     stop: int
-    counted: ClassVar[bool] = False
     named: ClassVar[tuple[str, ...]] = ("reader", "value")
 
     def apply_to(self, at: Application) -> None:
@@ -205,14 +214,13 @@ class TakePiece:
 
 
 @dataclass(frozen=True)
-class Rotate:
+class Rotate(Edit):
     """``readers`` read ``(ids - first) mod experts`` instead of ``ids``."""
 
     ids: str
     first: int
     experts: int
     readers: tuple[str, ...]
-    counted: ClassVar[bool] = False
     named: ClassVar[tuple[str, ...]] = ("ids", "readers")
 
     def apply_to(self, at: Application) -> None:
@@ -224,13 +232,11 @@ class Rotate:
 
 
 @dataclass(frozen=True)
-class Clamp:
+class Clamp(Edit):
     """The expert ids the gather ``node`` indexes with are clamped to ``[0, high]``."""
 
     node: str
     high: int
-    counted: ClassVar[bool] = False
-    named: ClassVar[tuple[str, ...]] = ("node",)
 
     def apply_to(self, at: Application) -> None:
         node = at[self.node]
@@ -241,13 +247,11 @@ class Clamp:
 
 
 @dataclass(frozen=True)
-class FirstOffsets:
+class FirstOffsets(Edit):
     """The grouped matmul ``node`` reads the first ``count`` of its offsets."""
 
     node: str
     count: int
-    counted: ClassVar[bool] = False
-    named: ClassVar[tuple[str, ...]] = ("node",)
 
     def apply_to(self, at: Application) -> None:
         node = at[self.node]
@@ -264,14 +268,13 @@ class FirstOffsets:
 
 
 @dataclass(frozen=True)
-class MaskRows:
+class MaskRows(Edit):
     """The readers of ``value`` read it with the rows whose expert id (``ids``, rotated) is
     not below ``kept`` zeroed (all of them when ``kept`` is 0)."""
 
     value: str
     ids: str
     kept: int
-    counted: ClassVar[bool] = False
     named: ClassVar[tuple[str, ...]] = ("value", "ids")
 
     def apply_to(self, at: Application) -> None:
@@ -289,13 +292,12 @@ class MaskRows:
 
 
 @dataclass(frozen=True)
-class ZeroExpert:
+class ZeroExpert(Edit):
     """The readers of a separate expert's ``output`` read zeros of its shape; of ``body``,
     in that order, each node nothing reads any more goes."""
 
     output: str
     body: tuple[str, ...]
-    counted: ClassVar[bool] = False
     named: ClassVar[tuple[str, ...]] = ("output", "body")
 
     def apply_to(self, at: Application) -> None:
@@ -311,8 +313,18 @@ class ZeroExpert:
 
 
 # ----- the weights ------------------------------------------------------------------------------
+class Cut:
+    """One weight of a rank's rewrite: ``cut(at)`` keeps the rank's piece of it, once the
+    graph's edits are made (``at.mode``, the graph's fake mode, gives its new value)."""
+
+    named: ClassVar[tuple[str, ...]] = ("node",)
+
+    def cut(self, at: Application) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class SliceWeight:
+class SliceWeight(Cut):
     """The weight ``node`` keeps piece ``index`` of ``count`` under ``shard``: in the
     program's state, or with slice nodes when the graph's weights are its inputs."""
 
@@ -320,9 +332,8 @@ class SliceWeight:
     shard: Shard
     index: int
     count: int
-    named: ClassVar[tuple[str, ...]] = ("node",)
 
-    def apply_to(self, at: Application) -> None:
+    def cut(self, at: Application) -> None:
         node = at[self.node]
         value = current_weight(at.gm, node, at.program)
         if value is not None:
@@ -345,16 +356,15 @@ class SliceWeight:
 
 
 @dataclass(frozen=True)
-class KeepRows:
+class KeepRows(Cut):
     """The expert stack ``node`` keeps its rows ``[start, stop)`` (it must be a tensor of
     the program, not a graph input)."""
 
     node: str
     start: int
     stop: int
-    named: ClassVar[tuple[str, ...]] = ("node",)
 
-    def apply_to(self, at: Application) -> None:
+    def cut(self, at: Application) -> None:
         node = at[self.node]
         value = current_weight(at.gm, node, at.program)
         if value is None:
