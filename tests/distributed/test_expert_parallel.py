@@ -8,7 +8,10 @@ import pytest
 import torch
 
 import fxpass as fp
-from fxpass.distributed import Mesh, PlanError, analyze
+from fxpass.distributed import Mesh, PlanError, analyze, plan_shards
+from fxpass.distributed.edits import KeepRows, MaskRows, Rotate
+from fxpass.distributed.expert_parallel import expert_edits, expert_script
+from fxpass.distributed.strategy import Survey
 
 from _models import exported
 
@@ -37,6 +40,20 @@ def test_each_rank_keeps_its_experts(mixtral):
     assert _targets(shards[0]).count(aten.where.ScalarOther) == 2  # the rows masked
     stats = shards.reports[1].stats()
     assert stats["expert_parallel.experts_kept"] == 4 and stats["expert_parallel.blocks"] == 2
+
+
+def test_a_ranks_expert_edits_are_data(mixtral):
+    ep, _ = mixtral
+    planned = plan_shards(ep, 2)
+    survey = Survey.of(ep, planned.mesh)
+    script = expert_script(survey.gm, survey.params, planned.plan)
+    first, second = (expert_edits(script, planned.mesh.place(r)) for r in (0, 1))
+    assert not any(isinstance(e, Rotate) for e in first.edits)  # its experts come first
+    rotated = [e for e in second.edits if isinstance(e, Rotate)]
+    assert [(e.first, e.experts) for e in rotated] == [(2, 4), (2, 4)]  # one per layer
+    assert all(e.kept == 2 for e in second.edits if isinstance(e, MaskRows))
+    stacks = {b.tensors[0] for b in script.blocks}
+    assert {w for w in second.weights if w.node in stacks} == {KeepRows(n, 2, 4) for n in stacks}
 
 
 def test_a_remainder_goes_to_the_first_groups():

@@ -10,12 +10,65 @@ from _shard_helpers import C10D, assert_vals_consistent, count, sharded
 
 import fxpass as fp
 from fxpass.distributed import PlanError, ShardError, analyze, weight_bytes
-from fxpass.distributed.tensor_parallel import rank_key
+from fxpass.distributed.edit_script import EditScript
+from fxpass.distributed.edits import Gather, MaskedLookup, Reduce, SetArg, SliceWeight
+from fxpass.distributed.placement import Shard
+from fxpass.distributed.strategy import Survey
+from fxpass.distributed.tensor_parallel import rank_edits, rank_key, tensor_script
 from fxpass.targets.inductor import inductor_pass
 
 from _models import exported
 
 aten = torch.ops.aten
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def _script(ep, world_size: int = 2):
+    planned = fp.distributed.plan_shards(ep, world_size)
+    survey = Survey.of(ep, planned.mesh)
+    return survey.gm, tensor_script(survey.gm, survey.params, planned.plan), planned.mesh
+
+
+def _graph_state(gm) -> list:
+    return [
+        (n, n.name, n.target, n.args, dict(n.kwargs), n.meta.get("val")) for n in gm.graph.nodes
+    ]
+
+
+def test_a_ranks_edits_are_data_worked_out_without_touching_the_graph():
+    torch.manual_seed(0)
+    gm, script, mesh = _script(torch.export.export(_MLP(), (torch.randn(4, 16),)))
+    state, code = _graph_state(gm), gm.code
+    assert rank_edits(gm, script, mesh.place(1)) == EditScript(
+        [Reduce("linear_1", "0")],  # the row-parallel down projection's partial sums
+        [
+            SliceWeight("p_up_weight", Shard(0), 1, 2),  # column-parallel, with its bias
+            SliceWeight("p_up_bias", Shard(0), 1, 2),
+            SliceWeight("p_down_weight", Shard(1), 1, 2),
+        ],
+    )
+    assert _graph_state(gm) == state and gm.code == code
+
+
+def test_the_decoders_edits_hold_the_ranks_numbers():
+    gm, script, mesh = _script(exported(dtype=torch.float32))
+    edits = rank_edits(gm, script, mesh.place(1))
+    kinds = [type(e).__name__ for e in edits.edits]
+    assert kinds.count("Reduce") == 4 and kinds.count("MaskedLookup") == 1  # 5 all-reduces
+    assert SetArg("view_30", ("args", 1), [1, 8, 2, 16]) in edits.edits  # 2 of the 4 heads
+    assert MaskedLookup("embedding", 64, 128, "0") in edits.edits  # the second half's rows
+    assert Gather("view_49", 2, (1, 8, 64), 2, "0") in edits.edits  # the logits, whole
+    assert {w.index for w in edits.weights} == {1} and len(edits.weights) == len(script.layouts)
+    assert rank_edits(gm, script, mesh.place(0)).weights[0].index == 0
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -14,7 +14,10 @@ Modules: :mod:`~.strategy` (the table of strategies: each one module's ``STRATEG
 :mod:`~.placement` (how a tensor is cut), :mod:`~.sites` (where weights are used),
 :mod:`~.rules`, :mod:`~.partial` and :mod:`~.propagate` (how slices and partial sums go
 through ops), :mod:`~.analysis` (tensor parallelism), :mod:`~.experts` (mixtures of
-experts), :mod:`~.stages` (stages by a cost model), :mod:`~.collectives`, the passes
+experts), :mod:`~.stages` (stages by a cost model), :mod:`~.collectives`,
+:mod:`~.edit_script` (a rank's edits as data and the one executor that applies them),
+:mod:`~.edits` (the kinds of edit),
+:mod:`~.weights` (where a weight's tensor lives), the passes
 :mod:`~.tensor_parallel`, :mod:`~.expert_parallel`, :mod:`~.sequence_parallel` and
 :mod:`~.fuse_allreduce_add_rmsnorm`, :mod:`~.bucket_collectives` and :mod:`~.async_tp`
 (the plan's options, gated by size: :mod:`~.shard_options`), :mod:`~.consistency` (every rank

@@ -33,10 +33,10 @@ from torch import fx
 from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
+from ..rewrite.metadata import fake_mode, repropagate
 from ..verify.streams import require_safe_streams
 from .collectives import C10D, Inserter
 from .strategy import handed_context
-from .tensor_parallel import fake_mode, repropagate
 
 __all__ = ["async_tp"]
 

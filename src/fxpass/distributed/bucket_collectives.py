@@ -31,10 +31,10 @@ from torch import fx
 from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
+from ..rewrite.metadata import fake_mode, repropagate
 from .collectives import C10D, Inserter
 from .plan import DEFAULT_BUCKET
 from .strategy import handed_context
-from .tensor_parallel import fake_mode, repropagate
 
 __all__ = ["DEFAULT_CAP", "DEFAULT_THRESHOLD", "bucket_collectives", "launches"]
 

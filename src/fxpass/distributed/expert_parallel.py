@@ -16,6 +16,9 @@ expert group ``g`` holding experts ``[lo, hi)``:
   leaves is this group's partial sum — all-reduced by ``tensor_parallel`` where its full
   value is needed (the plan lists it among the collectives).
 
+:func:`expert_edits` works these edits out for one rank as data (an
+:class:`~.edit_script.EditScript`); :func:`~.edit_script.apply_edits` applies them.
+
 Routing weights are left as they are, so top-k with or without normalised weights and
 shared experts (tensor-parallel as any MLP) compute what the single process computes.
 
@@ -51,28 +54,23 @@ from torch import fx
 
 from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
-from ..edit.editor import Editor
 from .analysis import expert_decisions
-from .collectives import Inserter
+from .edit_script import EditScript, apply_edits
+from .edits import Clamp, FirstOffsets, KeepRows, MaskRows, Rotate, ZeroExpert
 from .experts import Block, find_blocks
 from .mesh import Mesh, Place, expert_range
 from .plan import ExpertBlock, PlanError, ShardPlan
 from .sites import Params
 from .strategy import Section, Strategy, StrategyPass, Survey, handed_context
-from .tensor_parallel import (
-    current_weight,
-    fake_mode,
-    rank_key,
-    replace_weight,
-    repropagate,
-    resolve_rank,
-)
+from .tensor_parallel import rank_key, resolve_rank
 
 __all__ = [
     "STRATEGY",
     "BlockScript",
     "ExpertParallelRank",
     "ExpertScript",
+    "apply_experts",
+    "expert_edits",
     "expert_parallel",
     "expert_script",
 ]
@@ -160,101 +158,50 @@ def expert_script(
     return script
 
 
-def _mask(editor: Editor, value: fx.Node, ids: fx.Node, kept: int) -> None:
-    """Zero the rows of ``value`` whose (rotated) expert id is not one of the ``kept``
-    (all of them when ``kept`` is 0)."""
-    users = list(value.users)
-    put = Inserter(editor, RULE, [value], after=value)
-    flat = ids if ids.meta["val"].dim() == 1 else put(aten.reshape.default, ids, [-1])
-    mine = put(aten.lt.Scalar, flat, kept)
-    rank = value.meta["val"].dim()
-    if rank > 1:
-        mine = put(aten.view.default, mine, [int(flat.meta["val"].numel()), *[1] * (rank - 1)])
-    out = put(aten.where.ScalarOther, mine, value, 0.0)
-    for u in users:
-        editor.replace_input(u, value, out, rule=RULE)
-
-
-def _separate(editor: Editor, b: BlockScript, place: Place, nodes: dict) -> int:
-    """Separate experts, split whole over the stage's ranks: the others' outputs are zeros
-    and their nodes and weights leave the graph."""
-    lo, hi = expert_range(b.experts, place.size, place.local)
-    for e, (y, body) in enumerate(b.mlps):
-        if lo <= e < hi:
-            continue
-        out = nodes[y]
-        val = out.meta["val"]
-        zeros = editor.insert(aten.zeros.default, (list(val.shape),),
-                              {"dtype": val.dtype, "device": val.device}, rule=RULE,
-                              origin=[out], after=out, val=val)  # fmt: skip
-        editor.replace_all_uses(out, zeros, RULE)
-        for name in reversed(body[:-1] if body[-1] == y else body):
-            node = nodes[name]
-            if not node.users:
-                editor.erase(node, RULE)
-    return hi - lo
-
-
-def _block(editor: Editor, gm: fx.GraphModule, b: BlockScript, place: Place, nodes: dict,
-           mode: Any, program: Any) -> int:  # fmt: skip
+def _kept(b: BlockScript, place: Place) -> tuple[int, int]:
+    """The experts ``[lo, hi)`` of ``b`` the rank at ``place`` keeps: of its expert group,
+    or, for separate experts, of its stage's ranks."""
     if b.mlps:
-        return _separate(editor, b, place, nodes)
-    lo, hi = expert_range(b.experts, place.mesh.ep, place.expert_group)
-    kept = hi - lo
-    ids = nodes[b.ids]
-    if lo:  # rotate: this group's experts first
-        users = [nodes[u] for u in b.routed]
-        put = Inserter(editor, RULE, [ids], after=ids)
-        rotated = put(aten.remainder.Scalar, put(aten.sub.Tensor, ids, lo), b.experts)
-        for u in users:
-            editor.replace_input(u, ids, rotated, rule=RULE)
-    for name in b.gathers:
-        node = nodes[name]
-        (index,) = node.args[1]
-        put = Inserter(editor, RULE, [node], before=node)
-        clamped = put(aten.clamp.default, index, None, kept - 1)
-        editor.set_args(node, (node.args[0], [clamped]), rule=RULE)
-    for name in b.grouped:
-        node = nodes[name]
-        put = Inserter(editor, RULE, [node], before=node)
-        args = list(node.args)
-        where = 2 if len(args) > 2 else None
-        offs = args[2] if where else node.kwargs["offs"]
-        first = put(aten.slice.Tensor, offs, 0, 0, kept)
-        if where:
-            args[2] = first
-            editor.set_args(node, tuple(args), rule=RULE)
-        else:
-            editor.set_args(node, kwargs={**node.kwargs, "offs": first}, rule=RULE)
-    # experts kept whole on each of the group's tp ranks: one of them counts their rows
-    counted = 0 if b.whole and place.tp_index else kept
-    for value, by in b.exits:
-        _mask(editor, nodes[value], nodes[by], counted)
-    for name in b.tensors:
-        node = nodes[name]
-        whole = current_weight(gm, node, program)
-        if whole is None:
-            raise PlanError(f"expert parallelism needs the expert weights in the program; "
-                            f"'{name}' is a graph input")  # fmt: skip
-        replace_weight(gm, node, whole.detach().narrow(0, lo, kept).clone(), mode, program)
-    return kept
+        return expert_range(b.experts, place.size, place.local)
+    return expert_range(b.experts, place.mesh.ep, place.expert_group)
+
+
+def expert_edits(script: ExpertScript, place: Place) -> EditScript:
+    """What the rank at ``place`` changes of its graph under ``script``, as data (applied by
+    :func:`~.edit_script.apply_edits`)."""
+    out = EditScript()
+    for b in script.blocks:
+        lo, hi = _kept(b, place)
+        if b.mlps:  # separate experts, split whole over the stage's ranks: the others' give zeros
+            out.edits += [
+                ZeroExpert(y, tuple(reversed(body[:-1] if body[-1] == y else body)))
+                for e, (y, body) in enumerate(b.mlps)
+                if not lo <= e < hi
+            ]
+            continue
+        kept = hi - lo
+        if lo:  # rotate: this group's experts first
+            out.edits.append(Rotate(b.ids, lo, b.experts, tuple(b.routed)))
+        out.edits += [Clamp(name, kept - 1) for name in b.gathers]
+        out.edits += [FirstOffsets(name, kept) for name in b.grouped]
+        # experts kept whole on each of the group's tp ranks: one of them counts their rows
+        counted = 0 if b.whole and place.tp_index else kept
+        out.edits += [MaskRows(value, by, counted) for value, by in b.exits]
+        out.weights += [KeepRows(name, lo, hi) for name in b.tensors]
+    return out
 
 
 def apply_experts(gm: fx.GraphModule, script: ExpertScript, place: Place, ctx: Any) -> int:
-    """Rewrite ``gm`` for the rank at ``place`` through the run's editor (``ctx.editor``),
-    keeping the rank's experts of the program it runs on (``ctx.program``); returns how
-    many blocks were split."""
-    editor = ctx.editor
-    nodes = {n.name: n for n in gm.graph.nodes}
-    mode = fake_mode(gm)
-    changed = set()
+    """Rewrite ``gm`` for the rank at ``place``: its edits worked out
+    (:func:`expert_edits`) and applied through the run's editor (``ctx.editor``), keeping
+    the rank's experts of the program it runs on (``ctx.program``); returns how many
+    blocks were split."""
+    edits = expert_edits(script, place)
+    apply_edits(gm, edits, ctx, RULE)
     for b in script.blocks:
-        kept = _block(editor, gm, b, place, nodes, mode, ctx.program)
-        changed |= {nodes[t] for t in b.tensors if not b.mlps}
-        ctx.stat("experts_kept", kept)
+        lo, hi = _kept(b, place)
+        ctx.stat("experts_kept", hi - lo)
         ctx.stat("experts_whole", b.experts)
-    repropagate(gm, mode, changed)
-    gm.graph.lint()
     return len(script.blocks)
 
 

@@ -46,6 +46,7 @@ from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
 from ..edit.editor import Editor
 from ..fxutil.fx_internals import sort_key
+from ..rewrite.metadata import fake_mode, repropagate
 from . import collectives
 from .collectives import Inserter
 from .placement import NotShardable, Shard
@@ -53,7 +54,7 @@ from .plan import ShardError
 from .rules import RULES
 from .sites import target_of
 from .strategy import handed_context
-from .tensor_parallel import fake_mode, rank_key, repropagate, resolve_rank
+from .tensor_parallel import rank_key, resolve_rank
 
 __all__ = ["sequence_parallel"]
 

@@ -337,7 +337,9 @@ def shard_planned(
             programs.append(base)
             reports.append(None)
             continue
-        target = copy.deepcopy(base) if isinstance(base, fx.GraphModule) else base
+        target = base  # an ExportedProgram is copied by apply; a GraphModule is edited in place
+        if isinstance(base, fx.GraphModule):
+            target = copy.deepcopy(base)
         watch = list(instrument(rank)) if instrument is not None else []
         tokens = tokens_of(base)  # the size the plan's gates are read against
         with compile_range(tokens=tokens) if tokens else contextlib.nullcontext():

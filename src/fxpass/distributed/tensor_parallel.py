@@ -2,7 +2,9 @@
 
 The plan is checked against the graph and followed once (:func:`tensor_script`: every
 weight's layout, every constant to rewrite, every collective, by node name — what each rank
-applies); then, on each rank's copy of the graph, :func:`apply_script`
+applies); then, for each rank, :func:`rank_edits` works out that rank's edits as data, the
+graph only read (an :class:`~.edit_script.EditScript`), and one executor,
+:func:`~.edit_script.apply_edits`, applies them to the rank's copy of the graph. Each rank
 
 * slices every sharded weight (and a column-parallel bias, and the weights sliced with the
   activations they meet) to the rank's piece — in the ExportedProgram's state dict, in the
@@ -18,7 +20,8 @@ applies); then, on each rank's copy of the graph, :func:`apply_script`
 * propagates ``meta['val']`` again through the graph with fake tensors.
 
 Every change goes through :class:`fxpass.edit.Editor`, so the debug counter, the report's
-change list and provenance (``from_node``) see each collective.
+change list and provenance (``from_node``) see each collective; the collectives' nodes come
+from :mod:`.collectives`' builders.
 
 Before / after, for attention on rank 0 of 2 (HF Llama, 4 heads of 16)::
 
@@ -46,19 +49,15 @@ from torch import fx
 
 from ..core.context import PassContext
 from ..core.pass_registry import REGISTRY
-from ..edit.editor import Editor
-from ..fxutil.ops import schema_of
-from ..fxutil.paths import find_path
-from ..fxutil.values import fake_value
-from ..rewrite.metadata import MetaPropagator
 from . import collectives
 from .analysis import check_world_size, collectives_of, tensor_decisions
-from .collectives import Inserter
+from .edit_script import EditScript, apply_edits
+from .edits import Bypass, Gather, MaskedLookup, Reduce, SetArg, SliceWeight, TakePiece
 from .mesh import Mesh, Place
-from .placement import Shard, local_slice
+from .placement import Shard
 from .plan import Decision, PlanError, ShardError, ShardPlan, plural
 from .propagate import Flow, Refused
-from .sites import Params, Site, find_sites, target_of
+from .sites import Params, Site, find_sites
 from .strategy import Section, Strategy, StrategyPass, Survey, handed_context
 
 __all__ = [
@@ -66,9 +65,8 @@ __all__ = [
     "TensorParallelRank",
     "TensorScript",
     "apply_script",
-    "fake_mode",
+    "rank_edits",
     "rank_key",
-    "repropagate",
     "resolve_rank",
     "tensor_parallel",
     "tensor_script",
@@ -212,256 +210,45 @@ def tensor_script(
     return TensorScript.of(flow, layouts, plan.mesh)
 
 
-# ----- applying it on one rank --------------------------------------------------------------------
-def _row(editor: Editor, site: fx.Node, bias: fx.Node | None, group: str) -> None:
-    """All-reduce a row-parallel matmul's partial sums; add its bias after the reduction."""
-    node = site
-    if bias is not None:
-        if target_of(node) is aten.addmm.default:
-            new = editor.insert(aten.mm.default, node.args[1:], rule=RULE, origin=[node],
-                                after=node)  # fmt: skip
-            editor.replace_all_uses(node, new, RULE)
-            node = new
-        else:
-            kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
-            editor.set_args(node, node.args[:2], kwargs, rule=RULE)
-    users = list(node.users)
-    put = Inserter(editor, RULE, [node], after=node)
-    out = collectives.all_reduce(put, node, group)
-    if bias is not None:
-        out = put(aten.add.Tensor, out, bias)
-    out = _writable(put, out, users, node)
-    for u in users:
-        editor.replace_input(u, node, out, rule=RULE)
-
-
-def _embedding(editor: Editor, node: fx.Node, rows: int, place: Place) -> None:
-    """Vocab-parallel lookup: ids outside this rank's rows look up row 0 and are zeroed."""
-    local = rows // place.size
-    start = place.local * local
-    ids = node.args[1]
-    put = Inserter(editor, RULE, [node], before=node)
-    inside = put(aten.logical_and.default, put(aten.ge.Scalar, ids, start),
-                 put(aten.lt.Scalar, ids, start + local))  # fmt: skip
-    shifted = put(aten.mul.Tensor, put(aten.sub.Tensor, ids, start), inside)
-    editor.set_args(node, (node.args[0], shifted), {}, rule=RULE)  # padding_idx: gradients
-    users = list(node.users)
-    # a product with the mask, not masked_fill: Inductor decomposes masked_fill before
-    # its post-grad passes, where this rewrite may run
-    after = Inserter(editor, RULE, [node], after=node)
-    zeroed = after(aten.mul.Tensor, node, after(aten.unsqueeze.default, inside, -1))
-    out = collectives.all_reduce(after, zeroed, place.group)
-    for u in users:
-        editor.replace_input(u, node, out, rule=RULE)
-
-
-def _reduction(
-    editor: Editor, value: fx.Node, op: str, scale: float, users: list[fx.Node], group: str
-) -> None:
-    readers = users or [u for u in value.users]
-    put = Inserter(editor, RULE, [value], after=value)
-    out = collectives.all_reduce(put, value, group, op)
-    if scale != 1.0:
-        out = put(aten.mul.Tensor, out, scale)
-    out = _writable(put, out, readers, value)
-    for u in readers:
-        editor.replace_input(u, value, out, rule=RULE)
-
-
-def _writes_first(node: fx.Node) -> bool:
-    schema = schema_of(node.target)
-    if schema is None or not schema.arguments:
-        return False
-    info = schema.arguments[0].alias_info
-    return info is not None and info.is_write
-
-
-def _writable(put: Inserter, out: fx.Node, readers: list[fx.Node], value: fx.Node) -> fx.Node:
-    """``out``, cloned when a reader writes into ``value`` in place (a collective's result
-    is a view autograd forbids writing)."""
-    if any(_writes_first(u) and u.args[0] is value for u in readers):
-        return put(aten.clone.default, out)
-    return out
-
-
-def _gather(editor: Editor, value: fx.Node, shard: Shard, place: Place) -> None:
-    out = value.graph.output_node()
-    local = list(value.meta["val"].shape)
-    _, count = place.piece(shard.ways)
-    local[shard.dim] //= count
-    put = Inserter(editor, RULE, [value], before=out)
-    full = collectives.all_gather(put, value, local, shard.dim, count, place.group)
-    editor.replace_input(out, value, full, rule=RULE)
-
-
-def _local_slice(
-    editor: Editor, reader: fx.Node, value: fx.Node, shard: Shard, place: Place
-) -> None:
-    """``reader`` takes this rank's piece of the replicated ``value`` (its experts' batch)."""
-    index, count = place.piece(shard.ways)
-    size = int(value.meta["val"].shape[shard.dim]) // count
-    put = Inserter(editor, RULE, [value], before=reader)
-    piece = put(aten.slice.Tensor, value, shard.dim, index * size, (index + 1) * size)
-    editor.replace_input(reader, value, piece, rule=RULE)
-
-
-def _edit(editor: Editor, node: fx.Node, where: tuple[str, Any], value: Any) -> None:
-    kind, key = where
-    if kind == "args":
-        args = list(node.args)
-        args[key] = value
-        editor.set_args(node, tuple(args), rule=RULE)
-    else:
-        editor.set_args(node, kwargs={**node.kwargs, key: value}, rule=RULE)
-
-
-# ----- weights -----------------------------------------------------------------------------
-def _slice_in_graph(editor: Editor, node: fx.Node, shard: Shard, place: Place) -> None:
-    size = int(node.meta["val"].shape[shard.dim])
-    index, count = place.piece(shard.ways)
-    users = list(node.users)
-    put = Inserter(editor, RULE, [node], after=node)
-    pieces, start = [], 0
-    for p in shard.parts or (size,):
-        chunk = p // count
-        begin = start + index * chunk
-        pieces.append(put(aten.slice.Tensor, node, shard.dim, begin, begin + chunk))
-        start += p
-    out = pieces[0] if len(pieces) == 1 else put(aten.cat.default, pieces, shard.dim)
-    for u in users:
-        editor.replace_input(u, node, out, rule=RULE)
-
-
-def replace_weight(
-    gm: fx.GraphModule, node: fx.Node, new: torch.Tensor, mode: Any, program: Any
-) -> bool:
-    """Put ``new`` where the graph keeps ``node``'s tensor (and its fake value in
-    ``meta['val']``): a ``get_attr``'s attribute, or the state of ``program`` (the run's
-    ``PassContext.program``) for a parameter; False when the graph has no tensor for it
-    (its weights are inputs)."""
-    ctx = program
-    if node.op == "get_attr":
-        owner_path, _, attr = str(node.target).rpartition(".")
-        owner = find_path(gm, owner_path) if owner_path else gm
-        old = getattr(owner, attr)
-        if isinstance(old, torch.nn.Parameter):
-            new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
-        setattr(owner, attr, new)
-    else:
-        spec = ctx.input_spec(node) if ctx is not None else None
-        if spec is None or spec.target is None:
-            return False
-        store = ctx.state_dict if spec.target in ctx.state_dict else ctx.constants
-        old = store[spec.target]
-        if isinstance(old, torch.nn.Parameter):
-            new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
-        store[spec.target] = new
-    node.meta["val"] = mode.from_tensor(new, static_shapes=True)
-    return True
-
-
-def current_weight(gm: fx.GraphModule, node: fx.Node, program: Any) -> torch.Tensor | None:
-    """The tensor behind a weight node: a ``get_attr``, or a parameter of ``program`` (the
-    run's ``PassContext.program``)."""
-    if node.op == "get_attr":
-        value = find_path(gm, str(node.target))
-        return value if isinstance(value, torch.Tensor) else None
-    return program.value(node) if program is not None else None
-
-
-def fake_mode(gm: fx.GraphModule) -> Any:
-    """The fake mode of the graph's placeholders (a new one when they have none)."""
-    from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    return mode or FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def _slice_weights(
-    editor: Editor,
-    gm: fx.GraphModule,
-    layouts: Mapping[fx.Node, Shard],
-    place: Place,
-    mode: Any,
-    program: Any,
-) -> tuple[int, int]:
-    """Slice every sharded weight; returns (bytes before, bytes after) of those weights."""
-    before = after = 0
-    for node, shard in layouts.items():
-        value = current_weight(gm, node, program)
-        if value is None:
-            _slice_in_graph(editor, node, shard, place)
-            continue
+# ----- one rank's edits --------------------------------------------------------------------------
+def rank_edits(gm: fx.GraphModule, script: TensorScript, place: Place) -> EditScript:
+    """What the rank at ``place`` changes of ``gm`` under ``script``, as data: the numbers of
+    its pieces worked out, the graph only read (:func:`~.edit_script.apply_edits` applies
+    them)."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    group = place.group
+    out = EditScript([SetArg(name, where, value) for name, where, value in script.edits])
+    if place.tp_index:  # a bias added to partial sums: one rank of each expert group adds it
+        out.edits += [Bypass(name) for name in script.rank0_adds]
+    out.edits += [Reduce(name, group, bias=bias) for name, bias in script.rows]
+    for name, rows in script.embeddings:
+        local = rows // place.size
+        start = place.local * local
+        out.edits.append(MaskedLookup(name, start, start + local, group))
+    out.edits += [Reduce(name, group, op, scale, tuple(users))
+                  for name, op, scale, users in script.reductions]  # fmt: skip
+    for name, shard in script.gathers:
+        _, count = place.piece(shard.ways)
+        local = list(nodes[name].meta["val"].shape)
+        local[shard.dim] //= count
+        out.edits.append(Gather(name, shard.dim, tuple(local), count, group))
+    for reader, value, shard in script.local_slices:
         index, count = place.piece(shard.ways)
-        new = local_slice(value.detach(), shard, index, count)
-        before += value.numel() * value.element_size()
-        after += new.numel() * new.element_size()
-        replace_weight(gm, node, new, mode, program)
-    return before, after
-
-
-def _spec(val: Any) -> Any:
-    if isinstance(val, torch.Tensor):
-        return (tuple(val.shape), tuple(val.stride()), val.dtype)
-    if isinstance(val, (list, tuple)):
-        return tuple(_spec(v) for v in val)
-    return val
-
-
-def repropagate(gm: fx.GraphModule, mode: Any, changed: set[fx.Node] | None = None) -> None:
-    """Recompute ``meta['val']`` where it may be stale: nodes without one, and every node
-    downstream of a value whose metadata changed (``changed``: the weights sliced). Results
-    are cached by op and input metadata, so a model's repeated layers cost one layer."""
-    prop = MetaPropagator(mode)
-    changed = set(changed or ())
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        stale = "val" not in node.meta or any(a in changed for a in node.all_input_nodes)
-        if not stale:
-            continue
-        old = node.meta.pop("val", None)
-        prop.values([node], {}, node)
-        if "val" not in node.meta:  # the cache and the fake kernel could not say: be strict
-            node.meta["val"] = fake_value(node.target, node.args, node.kwargs, mode=mode,
-                                          strict=True)  # fmt: skip
-        if old is None or _spec(old) != _spec(node.meta["val"]):
-            changed.add(node)
+        size = int(nodes[value].meta["val"].shape[shard.dim]) // count
+        out.edits.append(TakePiece(reader, value, shard.dim, index * size, (index + 1) * size))
+    out.weights = [SliceWeight(name, shard, *place.piece(shard.ways))
+                   for name, shard in script.layouts.items()]  # fmt: skip
+    return out
 
 
 def apply_script(gm: fx.GraphModule, script: TensorScript, place: Place, ctx: Any) -> None:
     """Rewrite ``gm`` in place into the graph of the rank at ``place`` (see the module
-    docstring), through the run's editor (``ctx.editor``), slicing the weights of the
-    program it runs on (``ctx.program``)."""
-    editor = ctx.editor
-    nodes = {n.name: n for n in gm.graph.nodes}
-    for name, where, value in script.edits:
-        _edit(editor, nodes[name], where, value)
-    if place.tp_index:  # a bias added to partial sums: one rank of each expert group adds it
-        for name in script.rank0_adds:
-            editor.replace_all_uses(nodes[name], nodes[name].args[0], RULE)
-    for name, bias in script.rows:
-        if editor.allow():
-            _row(editor, nodes[name], nodes.get(bias) if bias else None, place.group)
-    for name, rows in script.embeddings:
-        if editor.allow():
-            _embedding(editor, nodes[name], rows, place)
-    for name, op, scale, users in script.reductions:
-        if editor.allow():
-            _reduction(editor, nodes[name], op, scale, [nodes[u] for u in users], place.group)
-    for name, shard in script.gathers:
-        if editor.allow():
-            _gather(editor, nodes[name], shard, place)
-    for reader, value, shard in script.local_slices:
-        _local_slice(editor, nodes[reader], nodes[value], shard, place)
-    mode = fake_mode(gm)
-    layouts = {nodes[n]: s for n, s in script.layouts.items()}
-    before, after = _slice_weights(editor, gm, layouts, place, mode, ctx.program)
-    repropagate(gm, mode, set(layouts))
-    gm.graph.lint()
-    ctx.stat("sharded_weights", len(layouts))
+    docstring): the rank's edits worked out (:func:`rank_edits`), then applied through the
+    run's editor (``ctx.editor``), slicing the weights of the program it runs on
+    (``ctx.program``)."""
+    edits = rank_edits(gm, script, place)
+    before, after = apply_edits(gm, edits, ctx, RULE)
+    ctx.stat("sharded_weights", len(script.layouts))
     ctx.stat("collectives", len(script.collectives))
     ctx.stat("weight_bytes_unsharded", before)
     ctx.stat("weight_bytes_rank", after)

@@ -15,6 +15,9 @@ Every new node gets
 * ``from_node``: torch's provenance list (:class:`torch.fx.traceback.NodeSource`, one per
   replaced node, action ``replace``), as torch's own passes record it;
 * ``fxpass_provenance``: ``{"rule", "pass", "replaced", "location"}``.
+
+A rewrite that changes existing values (a weight sliced, a size argument rewritten) calls
+:func:`repropagate` once at its end: every value downstream of a change is computed again.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from torch.fx.node import map_arg
 from ..edit.provenance import COPIED_META, node_sources, provenance_record
 from ..fxutil.fx_internals import node_args, node_kwargs
 from ..fxutil.paths import find_path
-from ..fxutil.values import FakeEvaluator, Strictness, node_val
+from ..fxutil.values import FakeEvaluator, Strictness, fake_value, node_val
 from ._symbolic_results import SYMBOLIC_RESULTS
 
-__all__ = ["MetaPropagator"]
+__all__ = ["MetaPropagator", "fake_mode", "repropagate"]
 
 
 _NO = object()
@@ -191,3 +194,42 @@ def _donor_values(n: Node, donors: Mapping[Node, Node]) -> Any:
     if not by_index:
         return None
     return tuple(by_index.get(i) for i in range(max(by_index) + 1))
+
+
+def fake_mode(gm: torch.fx.GraphModule) -> Any:
+    """The fake mode of the graph's placeholders (a new one when they have none)."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    return mode or FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _spec(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return (tuple(val.shape), tuple(val.stride()), val.dtype)
+    if isinstance(val, (list, tuple)):
+        return tuple(_spec(v) for v in val)
+    return val
+
+
+def repropagate(gm: torch.fx.GraphModule, mode: Any, changed: set[Node] | None = None) -> None:
+    """Recompute ``meta['val']`` where it may be stale: nodes without one, and every node
+    downstream of a value whose metadata changed (``changed``: the weights sliced). Results
+    are cached by op and input metadata, so a model's repeated layers cost one layer."""
+    prop = MetaPropagator(mode)
+    changed = set(changed or ())
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        stale = "val" not in node.meta or any(a in changed for a in node.all_input_nodes)
+        if not stale:
+            continue
+        old = node.meta.pop("val", None)
+        prop.values([node], {}, node)
+        if "val" not in node.meta:  # the cache and the fake kernel could not say: be strict
+            node.meta["val"] = fake_value(node.target, node.args, node.kwargs, mode=mode,
+                                          strict=True)  # fmt: skip
+        if old is None or _spec(old) != _spec(node.meta["val"]):
+            changed.add(node)
