@@ -7,7 +7,7 @@ import operator
 import torch
 
 from fxpass.edit.provenance import COPIED_META
-from fxpass.rewrite import P, Rule, rewrite
+from fxpass.rewrite import GraphReplacement, P, Rule, rewrite
 
 from _models import exported
 
@@ -164,3 +164,58 @@ def test_new_values_follow_the_graphs_autograd_convention():
     rewrite(graphs[0], [Rule(P(torch.relu, x), lambda x: torch.clamp(x, min=0))])
     (n,) = _new(graphs[0])
     assert n.meta["example_value"].requires_grad  # relu of a Linear's output, as Dynamo has it
+
+
+class _Knowing(GraphReplacement):
+    """clamp_min(x, 0), declaring the value it knows for the node it writes."""
+
+    def __init__(self, value_for):
+        self.value_for = value_for
+        self.known = {}
+
+    def write(self, match, bindings, editor):
+        x = bindings["x"].node
+        new = editor.create(x.graph, "call_function", aten.clamp_min.default, (x, 0.0), {})
+        self.known = {new: self.value_for(x)}
+        return new
+
+    def known_values(self):
+        return self.known
+
+
+def test_a_value_the_replacement_knows_is_taken_as_it_is():
+    gm = _same_shape_relus()
+    given = []
+
+    def value_for(x):
+        v = x.meta["val"]
+        given.append(v.fake_mode.from_tensor(torch.empty_strided(v.shape, v.stride())))
+        return given[-1]
+
+    rewrite(gm, [Rule(P(aten.relu.default, x), _Knowing(value_for))])
+    made = _new(gm)
+    assert len(given) == len(made) == 3
+    assert all(n.meta["val"] is g for n, g in zip(made, given))
+
+
+def test_known_values_are_not_taken_where_values_are_computed_with_autograd():
+    graphs = []
+    torch._dynamo.reset()
+    linear = torch.nn.Linear(3, 3)
+    torch.compile(
+        lambda a: torch.relu(linear(a)),
+        backend=lambda gm, ex: (graphs.append(gm), gm.forward)[1],
+        fullgraph=True,
+    )(torch.randn(2, 3))
+    torch._dynamo.reset()
+    stale = []
+
+    def value_for(x):  # a value without autograd: not what this graph records
+        v = x.meta["example_value"]
+        with torch.no_grad():
+            stale.append(v.fake_mode.from_tensor(torch.empty(v.shape)))
+        return stale[-1]
+
+    rewrite(graphs[0], [Rule(P(torch.relu, x), _Knowing(value_for))])
+    (n,) = _new(graphs[0])
+    assert stale and n.meta["val"] is not stale[0] and n.meta["val"].requires_grad

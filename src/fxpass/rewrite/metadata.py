@@ -67,18 +67,36 @@ class MetaPropagator:
         return self._evaluator
 
     # ----- values -----------------------------------------------------------------------
-    def values(self, new: Sequence[Node], donors: Mapping[Node, Node], fallback: Node) -> None:
+    def values(
+        self,
+        new: Sequence[Node],
+        donors: Mapping[Node, Node],
+        fallback: Node,
+        *,
+        known: Mapping[Node, Any] | None = None,
+    ) -> None:
         """Set ``meta['val']`` on ``new`` (in graph order); ``donors`` maps a new node to
-        the old node whose uses it takes over."""
+        the old node whose uses it takes over. ``known``: values the replacement knows
+        exactly (:meth:`~fxpass.rewrite.GraphReplacement.known_values`), taken as they are
+        where computing them would run without autograd, as they were computed."""
         dynamo = "val" not in fallback.meta and "example_value" in fallback.meta
         # values follow the graph's convention, which the replaced node shows: export and
         # AOT record values computed without autograd, Dynamo with it
-        with torch.set_grad_enabled(_requires_grad(node_val(fallback))):
+        grad = _requires_grad(node_val(fallback))
+        if grad or not known:
+            known = None
+        with torch.set_grad_enabled(grad):
             for n in new:
-                self._set_value(n, donors, dynamo)
+                self._set_value(n, donors, dynamo, known)
 
-    def _set_value(self, n: Node, donors: Mapping[Node, Node], dynamo: bool) -> None:
-        val = self._value(n, donors)
+    def _set_value(
+        self, n: Node, donors: Mapping[Node, Node], dynamo: bool, known: Mapping[Node, Any] | None
+    ) -> None:
+        val = known.get(n) if known is not None else None
+        if val is not None and _requires_grad(val):
+            val = None
+        if val is None:
+            val = self._value(n, donors)
         if val is None:
             old = donors.get(n)
             if old is not None:

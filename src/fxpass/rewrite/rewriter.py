@@ -248,10 +248,13 @@ class Rewriter:
         if values is None:
             change.cancel()
             return None
+        writer = replacement if replacement is not None else rule.replacement
+        known = writer.known_values() if isinstance(writer, GraphReplacement) else None
         if graph_is_edge(match.nodes):
             self.spelling().respell(new, editor, name)  # an Edge graph gets Edge ops
+            known = None  # respelled: computed for the ops as they are now
         donors = {v: o for o, v in zip(outputs, values) if v in new}
-        self.meta.values(new, donors, match.root)
+        self.meta.values(new, donors, match.root, known=known)
         if match.chains:
             values = self._replay(match, new, values, anchor, name)
             donors = {v: o for o, v in zip(outputs, values) if v in new}

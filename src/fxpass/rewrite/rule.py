@@ -212,6 +212,13 @@ class GraphReplacement:
             f"{type(self).__name__} must define write(match, bindings, editor)"
         )
 
+    def known_values(self) -> Mapping[Any, Any]:
+        """Values of nodes the last :meth:`write` made that the replacement knows exactly
+        (what their op computes on their inputs' values, in the graph's fake mode, e.g.
+        from a trace made on those very values); the rewrite gives them as ``meta['val']``
+        instead of computing them again. None known by default."""
+        return {}
+
 
 def _default_name(replacement: Any, location: str) -> str:
     name = getattr(replacement, "__name__", None)

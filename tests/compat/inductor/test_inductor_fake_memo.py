@@ -12,7 +12,8 @@ _lib = torch.library.Library("fxpass_memo_test", "DEF")
 _lib.define("norm(Tensor x, float eps) -> Tensor")
 _lib.define("pair(Tensor x) -> (Tensor, Tensor)")
 _lib.define("scale_(Tensor(a!) x) -> ()")
-RUNS = {"norm": 0, "pair": 0, "scale_": 0}
+_lib.define("wide(Tensor x) -> Tensor")
+RUNS = {"norm": 0, "pair": 0, "scale_": 0, "wide": 0}
 
 
 @torch.library.register_fake("fxpass_memo_test::norm", lib=_lib)
@@ -30,6 +31,12 @@ def _pair(x):
 @torch.library.register_fake("fxpass_memo_test::scale_", lib=_lib)
 def _scale(x):
     RUNS["scale_"] += 1
+
+
+@torch.library.register_fake("fxpass_memo_test::wide", lib=_lib)
+def _wide(x):
+    RUNS["wide"] += 1
+    return x.new_empty((2 * x.shape[0], x.shape[1]))[: x.shape[0]]
 
 
 ops = torch.ops.fxpass_memo_test
@@ -57,7 +64,7 @@ def test_fake_kernels_run_once_per_mode_and_metadata_and_graphs_are_equal():
     mode = FakeTensorMode()
     first = _trace(search, (4, 8), (8,), mode=mode)
     second = _trace(search, (4, 8), (8,), mode=mode)
-    assert RUNS == {"norm": 1, "pair": 1, "scale_": 0}
+    assert (RUNS["norm"], RUNS["pair"], RUNS["scale_"]) == (1, 1, 0)
     assert str(first.graph) == str(second.graph)
     vals = [n.meta["val"] for n in second.graph.nodes if n.op == "call_function"]
     ref = [n.meta["val"] for n in first.graph.nodes if n.op == "call_function"]
@@ -87,3 +94,59 @@ def test_mutating_ops_and_real_inputs_are_not_remembered():
     gm = fwd_only(lambda x: ops.norm(x, 1e-6), [x])
     assert RUNS["norm"] == 0
     assert torch.equal(gm(x), x * 2)
+
+
+def _functional_scale(x):
+    # a mutating op in its functional form, as vLLM's quant patterns write it
+    out = torch.ops.higher_order.auto_functionalized(ops.scale_.default, x=x.clone())
+    return out[1] + 1
+
+
+def test_auto_functionalized_runs_once_per_mode_and_metadata():
+    RUNS.update(scale_=0)
+    mode = FakeTensorMode()
+    first = _trace(_functional_scale, (4, 8), mode=mode)
+    second = _trace(_functional_scale, (4, 8), mode=mode)
+    assert RUNS["scale_"] == 1
+    assert str(first.graph) == str(second.graph)
+    af = [n for n in second.graph.nodes if n.target is torch.ops.higher_order.auto_functionalized]
+    ref = [n for n in first.graph.nodes if n.target is torch.ops.higher_order.auto_functionalized]
+    (a,), (b,) = af, ref
+    assert a.meta["val"][0] is None and b.meta["val"][0] is None
+    assert a.meta["val"][1].shape == b.meta["val"][1].shape == (4, 8)
+    assert a.meta["val"][1].stride() == b.meta["val"][1].stride()
+    assert a.meta["val"][1] is not b.meta["val"][1]
+    # a differing input misses: other sizes, another dtype, another layout, another mode
+    _trace(_functional_scale, (2, 8), mode=mode)
+    assert RUNS["scale_"] == 2
+
+    def half(x):
+        return _functional_scale(x.half())
+
+    _trace(half, (4, 8), mode=mode)
+    assert RUNS["scale_"] == 3
+
+    def transposed(x):
+        y = torch.empty_strided((4, 8), (1, 4))
+        y.copy_(x)
+        out = torch.ops.higher_order.auto_functionalized(ops.scale_.default, x=y)
+        return out[1] + 1
+
+    gm = _trace(transposed, (4, 8), mode=mode)
+    assert RUNS["scale_"] == 4
+    (t,) = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.auto_functionalized]
+    assert t.meta["val"][1].stride() == (1, 4)
+    _trace(_functional_scale, (4, 8))
+    assert RUNS["scale_"] == 5
+
+
+def test_results_on_larger_storages_are_not_remembered():
+    # a fake kernel returning a tensor at offset 0 of a larger storage: a remembered result
+    # would be a fresh tensor on a storage of the exact size, so it is run every time
+    RUNS.update(wide=0)
+    mode = FakeTensorMode()
+    for _ in range(2):
+        gm = _trace(lambda x: ops.wide(x) + 1, (4, 8), mode=mode)
+        (t,) = [n for n in gm.graph.nodes if n.target is ops.wide.default]
+        assert t.meta["val"].untyped_storage().nbytes() == 8 * 8 * 4
+    assert RUNS["wide"] == 2

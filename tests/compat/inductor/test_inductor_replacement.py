@@ -334,3 +334,51 @@ def test_generated_patterns_are_inductor_s(trace):
         pm = pattern_matcher(m)
         texts.append(repr(pm.gen_pattern(_linear_gelu, examples, getattr(pm, trace))))
     assert texts[0] == texts[1]
+
+
+def test_replace_by_example_takes_the_values_of_a_trace_made_on_the_match_s_values():
+    # Inductor's replacement nodes take the values of the trace it made for the match; the
+    # trace of a signature's first sizes is made on that match's very values, so its copy
+    # there takes them too; a later match of the same sizes (other values) computes its own
+    def two(x, y):
+        return torch.relu(x) + torch.relu(y)
+
+    gm = make_graph(two, torch.randn(4, 8), torch.randn(4, 8))
+    traces: list = []
+
+    def trace_fn(fn, args):
+        out = fxi.fwd_only(fn, args)
+        traces.append((out, [a for a in args]))
+        return out
+
+    p = fxi.PatternMatcherPass()
+    sites: list = []
+
+    @fxi.register_graph_pattern(
+        fxi.CallFunction(aten.relu.default, fxi.KeywordArg("x")), pass_dict=p
+    )
+    def _relu(match, x):
+        def repl(x):
+            return (x.clamp_min(0.0) * 2.0) / 2.0
+
+        sites.append(x.meta["val"])
+        match.replace_by_example(repl, [x], trace_fn=trace_fn)
+
+    assert p.apply(gm.graph) == 2
+    assert len(traces) == 1 and traces[0][1] == [sites[0]]  # traced once, on the first site
+    traced = [n.meta["val"] for n in traces[0][0].graph.nodes if n.op == "call_function"]
+    new = [n for n in gm.graph.nodes if "fxpass_provenance" in n.meta]
+    assert len(new) == 2 * len(traced)
+    groups: dict = {}
+    for n in new:  # per site, in graph order
+        groups.setdefault(tuple(n.meta["fxpass_provenance"]["replaced"]), []).append(n)
+    first, second = sorted(groups.values(), key=lambda g: g[0].args[0].meta["val"] is not sites[0])
+    assert len(first) == len(traced)
+    assert all(n.meta["val"] is t for n, t in zip(first, traced))  # the trace's own values
+    assert all(
+        n.meta["val"] is not t and n.meta["val"].shape == t.shape and n.meta["val"].dtype == t.dtype
+        for n, t in zip(second, traced)
+    )
+    gm.recompile()
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    assert torch.allclose(gm(x, y), two(x, y))

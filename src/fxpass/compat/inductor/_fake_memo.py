@@ -13,9 +13,13 @@ conj/neg bits), its other arguments, the default dtype and the grad mode; a repe
 fake tensors of the same metadata, as torch's cache answers ATen ops. Only what a fake
 kernel is bound to compute from its inputs' metadata is remembered (torch's contract for
 fake kernels): ops with a functional schema (nothing written, nothing aliased), static
-sizes in and out, plain tensor results on storages of their own. Everything else, and every
-ATen op, goes to the fake mode as before. The trace records the same nodes either way (the
-proxy records the op, not what its fake kernel ran).
+sizes in and out, plain tensor results on storages of their own, each exactly as large as its
+sizes and strides need. ``auto_functionalized`` (vLLM's quant patterns call it 64 times in
+``RMSNormQuantFusionPass``) is remembered the same way, keyed by its mutating op and
+arguments: its fake rule clones the inputs the op writes and runs the op's fake kernel on the
+clones, so its results are the op's and fresh tensors of the clones' metadata. Everything
+else, and every ATen op, goes to the fake mode as before. The trace records the same nodes
+either way (the proxy records the op, not what its fake kernel ran).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def memoized_fake_kernels(args: Sequence[Any]) -> Iterator[None]:
 
     def dispatch(func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        key = _key(func, args, kwargs) if _eligible(func) else None
+        key = _key(func, args, kwargs) if _eligible(func, args) else None
         if key is None:
             return base(func, types, args, kwargs)
         hit = memo.get(key)
@@ -82,7 +86,15 @@ def memoized_fake_kernels(args: Sequence[Any]) -> Iterator[None]:
         del mode.dispatch
 
 
-def _eligible(func: Any) -> bool:
+def _eligible(func: Any, args: Any = ()) -> bool:
+    if func is _auto_functionalized():
+        # the functional form of a mutating op: its fake rule clones the written inputs and
+        # runs the op's fake kernel on the clones, so its results are the op's (computed from
+        # metadata) and fresh clones; remembered when the op's own kernel could be
+        op = args[0] if len(args) == 1 else None
+        return isinstance(op, torch._ops.OpOverload) and not any(
+            getattr(torch.Tag, t, None) in op.tags for t in _SKIP_TAGS
+        )
     if not isinstance(func, torch._ops.OpOverload) or func.namespace in _BUILTIN:
         return False
     hit = _ELIGIBLE.get(func)
@@ -98,6 +110,10 @@ def _eligible(func: Any) -> bool:
 
 
 _ELIGIBLE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _auto_functionalized() -> Any:
+    return torch.ops.higher_order.auto_functionalized
 
 
 def _meta(t: torch.Tensor) -> tuple | None:
@@ -125,6 +141,8 @@ def _arg_key(a: Any) -> Any:
         return ("t", m)
     if isinstance(a, (list, tuple)):
         return (type(a).__name__, tuple(_arg_key(x) for x in a))
+    if isinstance(a, torch._ops.OpOverload):  # auto_functionalized's op
+        return ("op", a)
     if type(a) in _PLAIN or isinstance(a, torch.memory_format):
         return (type(a).__name__, a)
     raise _NotKeyed
@@ -151,18 +169,26 @@ def _spec(out: Any, args: Any, kwargs: dict[str, Any]) -> tuple | None:
     """The results' metadata as :func:`~fxpass.fxutil.values.build_result` makes them anew,
     if it can: plain strided tensors at offset 0 on storages of their own (none an input's),
     static sizes, no autograd."""
+    from torch._prims_common import compute_required_storage_length
     from torch.multiprocessing.reductions import StorageWeakRef
 
     many = type(out) in (tuple, list)
     outs = list(out) if many else [out]
     inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     seen = {StorageWeakRef(a.untyped_storage()) for a in inputs}
-    specs = []
+    specs: list[tuple] = []
     for t in outs:
+        if t is None and many:  # auto_functionalized of an op returning nothing
+            specs.append(("V", None))
+            continue
         if not isinstance(t, torch.Tensor) or type(t).__name__ != "FakeTensor":
             return None
         m = _meta(t)
         if m is None or m[2] != 0 or m[5] != torch.strided or m[6] or m[7] or m[8]:
+            return None
+        # a storage exactly as large as the sizes and strides need (build_result makes that)
+        needed = compute_required_storage_length(m[0], m[1], 0) if t.numel() else 0
+        if t.untyped_storage().nbytes() != needed * t.element_size():
             return None
         storage = StorageWeakRef(t.untyped_storage())
         if storage in seen:

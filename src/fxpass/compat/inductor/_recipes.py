@@ -197,6 +197,10 @@ class Variant:
     #: them is the specific match, without matching again)
     slots: list[tuple[Any, list[tuple[int, Any]]]] | None = None
     make: Callable[[], SymbolicTrace] | None = None
+    #: a trace of the first sizes made in the graph's own fake mode: the values it was
+    #: traced with (a replay on exactly these takes the trace's values, as Inductor's
+    #: replacement nodes do, instead of computing them again)
+    inputs: list[Any] | None = None
 
     @property
     def replacement(self) -> SymbolicTrace:
@@ -208,7 +212,29 @@ class Variant:
     def replay(self, args: Sequence[Any], literals: dict[Any, Any]) -> Replay:
         if self.plan is None:
             self.plan = Plan(self.replacement.gm)
-        return Replay(self.replacement.gm, args, self.replacement.sources, literals, self.plan)
+        traced_on = self.inputs is not None and _same_values(args, self.inputs)
+        return Replay(
+            self.replacement.gm,
+            args,
+            self.replacement.sources,
+            literals,
+            self.plan,
+            traced_on=traced_on,
+        )
+
+
+def _same_values(args: Sequence[Any], inputs: Sequence[Any]) -> bool:
+    """Whether ``args``' values are ``inputs`` themselves (the same objects: a graph's fake
+    values, so the same fake mode, sizes and storages)."""
+    if len(args) != len(inputs):
+        return False
+    for a, v in zip(args, inputs):
+        try:
+            if value_of(a) is not v:
+                return False
+        except LookupError:
+            return False
+    return True
 
 
 class ReplacementRecipe:
@@ -316,8 +342,9 @@ class ReplacementRecipe:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = detect_fake_mode(values)
+        inputs = None
         if mode is not None:  # traced with the values themselves, in their graph's fake
-            flat = list(values)  # mode (as Inductor traces a match)
+            flat = inputs = list(values)  # mode (as Inductor traces a match)
         else:
             mode = FakeTensorMode()
             flat = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
@@ -340,7 +367,7 @@ class ReplacementRecipe:
         slots = None
         if specific is not None and self._blind is not None:
             slots = literal_slots(self._blind, specific)
-        return Variant(specific, None, [], slots=slots, make=replacement)
+        return Variant(specific, None, [], slots=slots, make=replacement, inputs=inputs)
 
     def variant_for(self, values: Sequence[Any]) -> Variant | None:
         """The variant for a match's flat input values (tensors: their ``meta['val']``,
@@ -532,14 +559,15 @@ def _static(trace: Callable[..., Any], fn: Callable[..., Any], values: list[Any]
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = detect_fake_mode(values)
+    inputs = None
     if mode is not None:  # the graph's values in its own fake mode, as Inductor traces them
-        fakes = list(values)
+        fakes = inputs = list(values)
     else:
         mode = FakeTensorMode()
         fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
     with mode:
         gm = trace(fn, fakes)
-    return Variant(None, SymbolicTrace(gm, []), [])
+    return Variant(None, SymbolicTrace(gm, []), [], inputs=inputs)
 
 
 def replace_by_example(

@@ -78,8 +78,14 @@ class Replay(GraphReplacement):
         sources: Sequence[tuple[int, str, int]] = (),
         literals: dict[Any, Any] | None = None,
         plan: Plan | None = None,
+        *,
+        traced_on: bool = False,
     ) -> None:
         self.gm = gm
+        #: ``gm`` was traced on ``args``' values themselves (in their graph's fake mode):
+        #: the copies take the traced nodes' values (see :meth:`known_values`)
+        self.traced_on = traced_on
+        self._known: dict[Node, Any] = {}
         self.plan = plan or Plan(gm)
         self.args = list(args)
         self.sources = list(sources)
@@ -141,6 +147,8 @@ class Replay(GraphReplacement):
             return a
 
         sized = self.plan.sizes
+        known = self._known = {}
+        keep_values = self.traced_on and not self.literals
         for n in self.plan.nodes:
             args, kwargs = map_aggregate(n.args, arg), map_aggregate(n.kwargs, arg)
             if n.op == "get_attr":
@@ -160,12 +168,22 @@ class Replay(GraphReplacement):
             for key in _META:
                 if key in n.meta:
                     new.meta[key] = n.meta[key]
+            if keep_values and "val" in n.meta:
+                known[new] = n.meta["val"]
             self.made.append((n, new))
         result = map_aggregate(self.plan.out, arg)
         self.result = tuple(result) if isinstance(result, (list, tuple)) else (result,)
         if self.shared:
             return self.result + tuple(self._same_as(graph, n, editor) for n in self.shared)
         return tuple(result) if isinstance(result, (list, tuple)) else result
+
+    def known_values(self) -> dict[Node, Any]:
+        """The values of the nodes the last :meth:`write` made, where the trace was made on
+        the very values this replay reads (the first sizes of a signature, traced in the
+        graph's fake mode with the match's values, as Inductor traces every match): each
+        copy computes what its traced node computed there, so it takes that value, as
+        Inductor's replacement nodes take the trace's."""
+        return self._known
 
     def _static(self, n: Node) -> int | None:
         """The value of the traced size ``n`` (a query on a tensor, as ``x.numel()`` in a
@@ -361,6 +379,9 @@ class _Pick(GraphReplacement):
         picked = tuple(values[i] for i in self.pick)
         self.replay.result = picked
         return picked + tuple(self.replay._same_as(match.graph, n, editor) for n in shared)
+
+    def known_values(self) -> dict[Node, Any]:
+        return self.replay.known_values()
 
 
 @functools.cache
