@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
 from ..fxutil.dialect import aten_op
@@ -150,7 +151,12 @@ def is_pure_cast(node: Node) -> bool:
         return True
     if not isinstance(src, torch.Tensor):
         return False
+    if out.__class__ is _Fake and src.__class__ is _Fake:  # the common case, without properties
+        return out.shape == src.shape and out._fake_device == src._fake_device
     return out.shape == src.shape and _device(out) == _device(src)
+
+
+_Fake = FakeTensor
 
 
 def _device(t: torch.Tensor) -> Any:

@@ -181,9 +181,12 @@ def _rewrite_at(
     st: MatchState,
     reach: Reach | None,
     track_inputs: bool = False,
+    reached: bool = False,
 ) -> Any:
-    """Try the node's rules in order; the applied match, or None."""
-    for match, s in matcher.matches(matcher.rules_for(node), node, st, reach):
+    """Try the node's rules in order; the applied match, or None. ``reached``: the reach
+    was asked about ``node`` already (and said it may match)."""
+    rules = matcher.rules_for(node)
+    for match, s in matcher.matches(rules, node, st, None if reached else reach):
         if track_inputs:  # read them now: erased nodes forget their arguments
             region = set(match.nodes)
             inputs = {a: None for n in match.nodes for a in n.all_input_nodes if a not in region}
@@ -208,7 +211,7 @@ def _walk_once(rw: Rewriter, matcher: Matcher, st: MatchState, reach: Reach | No
             if only is not None and not only[0].may_match(node):
                 only[1].tried += 1  # ruled out before any matching
                 continue
-            _rewrite_at(node, rw, matcher, st, reach)
+            _rewrite_at(node, rw, matcher, st, reach, reached=only is not None)
         return
     for node in list(graph.nodes):
         if wanted is not None:  # skip nodes no rule can be rooted at, without a call

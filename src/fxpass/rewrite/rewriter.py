@@ -32,6 +32,7 @@ from .match import RuleStats
 from .metadata import MetaPropagator
 from .order import TopoOrder, users_before
 from .region import Match, _droppable
+from .replay import ABSENT, Recorded, signature
 from .rule import GraphReplacement
 
 __all__ = ["RewriteError", "Rewriter", "constant_node"]
@@ -244,17 +245,29 @@ class Rewriter:
             order = self.order()
             anchor = max(outputs, key=order.__getitem__)
             movers = users_before(order, outputs, set(match.nodes), order[anchor])
-        new, values = self._build(match, anchor, name, replacement)
-        if values is None:
-            change.cancel()
-            return None
-        writer = replacement if replacement is not None else rule.replacement
-        known = writer.known_values() if isinstance(writer, GraphReplacement) else None
-        if graph_is_edge(match.nodes):
-            self.spelling().respell(new, editor, name)  # an Edge graph gets Edge ops
-            known = None  # respelled: computed for the ops as they are now
-        donors = {v: o for o, v in zip(outputs, values) if v in new}
-        self.meta.values(new, donors, match.root, known=known)
+        edge = graph_is_edge(match.nodes)
+        recordings = rule.recordings if replacement is None and not edge else None
+        key = None
+        if recordings is not None:
+            key = signature(match.bindings, self._names(rule, match), match.root)
+        recorded = recordings.get(key) if key is not None else ABSENT
+        if recorded is not ABSENT and recorded is not None:
+            new, values = self._copy(recorded, match, anchor, outputs)
+            donors = {v: o for o, v in zip(outputs, values) if v in new}
+        else:
+            new, values = self._build(match, anchor, name, replacement)
+            if values is None:
+                change.cancel()
+                return None
+            writer = replacement if replacement is not None else rule.replacement
+            known = writer.known_values() if isinstance(writer, GraphReplacement) else None
+            if edge:
+                self.spelling().respell(new, editor, name)  # an Edge graph gets Edge ops
+                known = None  # respelled: computed for the ops as they are now
+            donors = {v: o for o, v in zip(outputs, values) if v in new}
+            self.meta.values(new, donors, match.root, known=known)
+            if key is not None:
+                recordings.put(key, Recorded.of(new, values, match.bindings))
         if match.chains:
             values = self._replay(match, new, values, anchor, name)
             donors = {v: o for o, v in zip(outputs, values) if v in new}
@@ -286,6 +299,25 @@ class Rewriter:
         self.rewired = values  # the values that took over the outputs' uses
         change.new = new
         return new
+
+    @staticmethod
+    def _names(rule: Any, match: Match) -> Any:
+        names = rule.replacement_names()
+        return sorted(match.bindings) if names is None else names
+
+    def _copy(
+        self, recorded: Recorded, match: Match, anchor: Node, outputs: list[Node]
+    ) -> tuple[list[Node], list[Node]]:
+        """The recorded replacement's nodes made again before ``anchor`` for ``match``."""
+        mode = self.meta.evaluator(self.graph).mode
+        with self.graph.inserting_before(anchor):
+            return recorded.write(
+                self.graph,
+                match.bindings,
+                self.editor,
+                lambda values: {v: o for o, v in zip(outputs, values)},
+                mode,
+            )
 
     def erase(self, node: Node, rule: str, location: str = "") -> bool:
         """Erase ``node``, which nothing uses. False if the context said no."""

@@ -44,6 +44,7 @@ from .leaves import Pattern, mark_shared
 from .match import match_at
 from .pattern import P as _Op
 from .region import Match
+from .replay import Recordings
 
 __all__ = ["DROPPABLE_USERS", "GraphReplacement", "Rule", "as_rule"]
 
@@ -102,6 +103,11 @@ class Rule:
         contained: inner nodes may only be used inside the match (the outputs excepted).
             With False an inner node used elsewhere survives and keeps computing its value.
         drop_users: ops whose nodes hanging off inner nodes are erased with the match.
+        replay: the replacement depends on nothing but the metadata of the values it is
+            given (dtype, sizes, strides, device) and the literals: the rewriter runs it once
+            per kind of match and copies the nodes it made at the others
+            (:mod:`~fxpass.rewrite.replay`). A replacement that reads ``match``, a node's
+            name, users or other metadata must not say so.
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class Rule:
         contained: bool = True,
         drop_users: Iterable[Any] = DROPPABLE_USERS,
         location: str | None = None,
+        replay: bool = False,
     ) -> None:
         roots = tuple(pattern) if isinstance(pattern, (tuple, list)) else (pattern,)
         if not roots or not all(isinstance(r, Pattern) for r in roots):
@@ -158,6 +165,10 @@ class Rule:
         # how each later root hangs off the earlier ones: (shared pattern or name, depth)
         self.links = [_link(roots[:j], roots[j], self.name) for j in range(1, len(roots))]
         self._compiled: Any = MISSING  # see fxpass.rewrite.match.compiled
+        # the replacement's recorded runs (see fxpass.rewrite.replay); a GraphReplacement or
+        # a replacement that reads the match is run at every match
+        replays = replay and not isinstance(replacement, GraphReplacement)
+        self.recordings = Recordings() if replays and "match" not in self._params else None
 
     # ----- introspection ----------------------------------------------------------------
     @property

@@ -244,6 +244,8 @@ class _Builder:
                     return hit
             then = _then(bind, v, st, k)
             fit = options_for(v) if v.__class__ is Node else not_nodes
+            if len(fit) == 1:  # most nodes' ops admit one alternative
+                return fit[0](v, st, then)
             return any(option(v, st, then) for option in fit)
 
         if memo is None and all(a is not None for a in admits):

@@ -44,6 +44,7 @@ RULES = RuleSet(
             name="add_rms_norm",
             outputs=["sum"],
             where=_is_add_norm,
+            replay=True,  # reads the values' metadata and the literals only
         )
     ],
     once=True,

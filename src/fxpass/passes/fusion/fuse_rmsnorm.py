@@ -32,7 +32,15 @@ def _is_norm(**b: Any) -> bool:
 
 RULES = RuleSet(
     "fuse_rmsnorm",
-    [Rule(rms_norm(P.node("x")), _fused_rms_norm, name="rms_norm", where=_is_norm)],
+    [
+        Rule(
+            rms_norm(P.node("x")),
+            _fused_rms_norm,
+            name="rms_norm",
+            where=_is_norm,
+            replay=True,  # reads the values' metadata and the literals only
+        )
+    ],
     once=True,
 )
 
