@@ -18,19 +18,16 @@ leaves the graph and the weights as they were.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import fx
 
 from ..core.snapshot import GraphSnapshot
 from ..rewrite.metadata import fake_mode, repropagate
+from .edits import Application, Cut, Edit
 from .plan import PlanError
-from .weights import Replaced
 
-if TYPE_CHECKING:
-    from .edits import Cut, Edit
-
-__all__ = ["Application", "EditScript", "apply_edits"]
+__all__ = ["EditScript", "apply_edits"]
 
 
 @dataclass
@@ -48,22 +45,6 @@ class EditScript:
                 name = getattr(e, f)
                 out.update(name if isinstance(name, tuple) else () if name is None else (name,))
         return out
-
-
-class Application:
-    """One script being applied to one graph: its nodes by name (``at[name]``), the run's
-    ``editor``, the ``rule`` its edits are recorded under, the program whose weights it
-    cuts (``program``) and the weights replaced (:class:`~.weights.Replaced`: to put back
-    on a failure, with their bytes)."""
-
-    def __init__(self, gm: fx.GraphModule, ctx: Any, rule: str) -> None:
-        self.gm, self.editor, self.rule, self.program = gm, ctx.editor, rule, ctx.program
-        self.nodes = {n.name: n for n in gm.graph.nodes}
-        self.replaced = Replaced(gm, ctx.program)
-        self.mode: Any = None  # the graph's fake mode, once the weights are cut
-
-    def __getitem__(self, name: str) -> fx.Node:
-        return self.nodes[name]
 
 
 # ----- the executor -----------------------------------------------------------------------------

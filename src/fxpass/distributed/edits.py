@@ -20,7 +20,7 @@ it, that knows how to make itself.
   stack keeps the rank's experts.
 
 Each is an :class:`Edit` (``edit.apply_to(at)`` makes it) or, for a weight, a :class:`Cut`
-(``cut(at)``, after the graph's edits), ``at`` the :class:`~.edit_script.Application` under
+(``cut(at)``, after the graph's edits), ``at`` the :class:`Application` under
 way (the graph's nodes by name, the editor, the rule, the weights replaced): nodes through
 the run's editor and :mod:`.collectives`' node builders, a weight where the program keeps
 it (:mod:`.weights`). ``counted``: the debug counter counts the edit as one change (the
@@ -31,7 +31,7 @@ collectives); ``named``: the fields that name nodes. A strategy puts edits in an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import fx
@@ -42,12 +42,10 @@ from . import collectives
 from .collectives import Inserter
 from .placement import Shard, local_slice
 from .plan import PlanError
-from .weights import current_weight
-
-if TYPE_CHECKING:
-    from .edit_script import Application
+from .weights import Replaced, current_weight
 
 __all__ = [
+    "Application",
     "Bypass",
     "Clamp",
     "Cut",
@@ -66,6 +64,22 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
+
+
+class Application:
+    """One script being applied to one graph: its nodes by name (``at[name]``), the run's
+    ``editor``, the ``rule`` its edits are recorded under, the program whose weights it
+    cuts (``program``) and the weights replaced (:class:`~.weights.Replaced`: to put back
+    on a failure, with their bytes)."""
+
+    def __init__(self, gm: fx.GraphModule, ctx: Any, rule: str) -> None:
+        self.gm, self.editor, self.rule, self.program = gm, ctx.editor, rule, ctx.program
+        self.nodes = {n.name: n for n in gm.graph.nodes}
+        self.replaced = Replaced(gm, ctx.program)
+        self.mode: Any = None  # the graph's fake mode, once the weights are cut
+
+    def __getitem__(self, name: str) -> fx.Node:
+        return self.nodes[name]
 
 
 class Edit:
