@@ -147,12 +147,15 @@ def _world(tmp_path_factory, world_size: int, plan: dict, extra=()) -> tuple[lis
     return results, {c["name"]: c for c in cases}
 
 
-@pytest.fixture(scope="module")
+#: session-scoped, not module-scoped: under ``--dist loadgroup`` the worker running a world's
+#: tests also runs other modules' tests between them, and a module fixture is torn down at
+#: each such switch and built again (CI showed each world built twice, ~200 s each)
+@pytest.fixture(scope="session")
 def world2(tmp_path_factory):
     return _world(tmp_path_factory, 2, WORLD2, [COMPILED])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world4(tmp_path_factory):
     return _world(tmp_path_factory, 4, WORLD4)
 
