@@ -152,6 +152,14 @@ def test_new_values_follow_the_graphs_autograd_convention():
     assert made and all(n.args[1] in params for n in made)
     assert not any(n.meta["val"].requires_grad for n in made)
 
+    graphs = [_dynamo_relu_of_linear()]
+    rewrite(graphs[0], [Rule(P(torch.relu, x), lambda x: torch.clamp(x, min=0))])
+    (n,) = _new(graphs[0])
+    assert n.meta["example_value"].requires_grad  # relu of a Linear's output, as Dynamo has it
+
+
+def _dynamo_relu_of_linear():
+    """Dynamo's graph of relu(Linear(a)): values recorded with autograd (example_value)."""
     graphs = []
     torch._dynamo.reset()
     linear = torch.nn.Linear(3, 3)
@@ -161,9 +169,7 @@ def test_new_values_follow_the_graphs_autograd_convention():
         fullgraph=True,
     )(torch.randn(2, 3))
     torch._dynamo.reset()
-    rewrite(graphs[0], [Rule(P(torch.relu, x), lambda x: torch.clamp(x, min=0))])
-    (n,) = _new(graphs[0])
-    assert n.meta["example_value"].requires_grad  # relu of a Linear's output, as Dynamo has it
+    return graphs[0]
 
 
 class _Knowing(GraphReplacement):
@@ -199,15 +205,7 @@ def test_a_value_the_replacement_knows_is_taken_as_it_is():
 
 
 def test_known_values_are_not_taken_where_values_are_computed_with_autograd():
-    graphs = []
-    torch._dynamo.reset()
-    linear = torch.nn.Linear(3, 3)
-    torch.compile(
-        lambda a: torch.relu(linear(a)),
-        backend=lambda gm, ex: (graphs.append(gm), gm.forward)[1],
-        fullgraph=True,
-    )(torch.randn(2, 3))
-    torch._dynamo.reset()
+    graphs = [_dynamo_relu_of_linear()]
     stale = []
 
     def value_for(x):  # a value without autograd: not what this graph records
