@@ -44,6 +44,7 @@ SHARED_FIXTURE_GROUPS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         groups = {SHARED_FIXTURE_GROUPS[f] for f in item.fixturenames if f in SHARED_FIXTURE_GROUPS}
@@ -55,6 +56,21 @@ def pytest_collection_modifyitems(items) -> None:
             raise pytest.UsageError(f"{item.nodeid} uses fixtures of two xdist groups: {groups}")
         if groups:
             item.add_marker(pytest.mark.xdist_group(groups.pop()))
+
+
+def pytest_runtest_setup(item) -> None:
+    """On an xdist worker under ``--dist loadgroup``, xdist appends ``@group`` to the id of
+    every test in a group, and the scheduler sends one group to one worker by that suffix.
+    Where it is missing (a hook order, or a pytest/xdist pair that drops it), every group is
+    silently split over the workers and each builds the minutes-long fixtures again: such a
+    test fails before its fixtures are built."""
+    grouped = getattr(item.config.option, "loadgroup", False)
+    if grouped and "@" not in item.nodeid and item.get_closest_marker("xdist_group"):
+        pytest.fail(
+            f"{item.nodeid} is marked xdist_group but xdist did not group it; check the "
+            "pytest and pytest-xdist versions pyproject's test extra allows",
+            pytrace=False,
+        )
 
 
 ARTIFACTS = Path(
