@@ -57,6 +57,7 @@ from .run import (
     RunPolicy,
     check_nesting,
     instrumented,
+    run_group,
     run_pass,
 )
 from .spec import build_pipeline
@@ -233,7 +234,7 @@ class Pipeline(PassGroup, Pass):
         """
         if isinstance(gm, fx.GraphModule) and current_context() is None:
             check_requirements(self)
-        return super().run(gm, sample_inputs, **kw)
+        return run_group(self, gm, sample_inputs, **kw)
 
 
 #: A fixpoint's round limit: at least one round (the bound specs are checked against).

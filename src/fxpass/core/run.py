@@ -42,6 +42,7 @@ __all__ = [
     "RunPolicy",
     "instrumented",
     "nesting",
+    "run_group",
     "run_pass",
 ]
 
@@ -265,82 +266,8 @@ class PassGroup:
         limits how many rewrites the run may make (see :class:`~fxpass.core.DebugCounter`);
         ``program`` is what the graph belongs to (``PassContext.program``).
         """
-        if not isinstance(gm, fx.GraphModule):
-            raise TypeError(
-                f"Pipeline.run expects a torch.fx.GraphModule, got {type(gm).__name__}; "
-                "capture the model first (torch.export.export, torch.fx.symbolic_trace), "
-                "or use fxpass.apply, which also takes an ExportedProgram"
-            )
-        outer = current_context()
-        if outer is not None:  # called from inside a pass of another run: join it
-            new_gm, modified = self._run_nested(gm, outer, None)
-            return PassResult(new_gm, modified)
-        check_nesting(self)  # a group nested before passes were added to it
-        instruments = [*_GLOBAL_INSTRUMENTS.get(), *self.instrument, *instrument]
-        ctx = PassContext(
-            sample_inputs=sample_inputs,
-            instruments=instruments,
-            debug_counter=debug_counter,
-            enabled=_enabled,
-            program=program,
-        )
-        if self.verify_analyses is not None:
-            ctx.analyses.verify = self.verify_analyses
-        state = ctx._run
-        state.recompiler = DeferredRecompile()
-        state.full = verify_each_mode(getattr(self, "verify_each", None)) == "full"
-        root = PassRecord(name=self.name, spec=str(self), nodes_before=len(gm.graph.nodes))
-        report = Report(root=root, suppressed=state.suppressed)
-        # rollback: the modules' own state now (cheap), the graphs' from the editor's
-        # journal, or a whole-graph snapshot before the first pass that edits otherwise
-        snapshot = state.snapshot = GraphSnapshot.take(gm, graphs=False)
-        journal = state.journal = ctx.journal = Journal()
-        state.snapshots = report.snapshots
-        state.recompiler.install(gm)
-        new_gm = gm
-        t0 = time.perf_counter()
-        try:
-            with _activate(ctx):
-                for inst in instruments:
-                    inst.before_pipeline(self, gm, ctx)
-                if self.policy.check_input:
-                    run_checks([self], gm, ctx, "(input)")
-                new_gm, modified = self._run_nested(gm, ctx, root)
-        except PassFailedError as err:
-            state.recompiler.finish(recompile=False)
-            edited = snapshot.restore()
-            journal.undo()
-            root.seconds = time.perf_counter() - t0
-            root.status = "failed"
-            root.nodes_after = len(gm.graph.nodes)
-            report.error = first_line(err)
-            if edited:
-                err.args = (
-                    f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
-                    f"{', '.join(edited)}",
-                )
-            ctx.error = err
-            err.report = report
-            with _activate(ctx):
-                for inst in instruments:
-                    inst.after_pipeline(self, gm, report, ctx)
-            raise
-        except BaseException:
-            state.recompiler.finish(recompile=False)
-            snapshot.restore()
-            journal.undo()
-            raise
-        journal.clear()
-        state.recompiler.finish()
-        root.seconds = time.perf_counter() - t0
-        root.modified = modified
-        root.runs = 1
-        root.nodes_after = len(new_gm.graph.nodes)
-        with _activate(ctx):
-            for inst in instruments:
-                inst.after_pipeline(self, new_gm, report, ctx)
-        stats = report.stats()
-        return PassResult(new_gm, modified, stats, report=report)
+        return run_group(self, gm, sample_inputs, instrument=instrument,
+                         debug_counter=debug_counter, program=program)  # fmt: skip
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         new_gm, modified = self._run_nested(gm, ctx, ctx.record)
@@ -360,6 +287,97 @@ class PassGroup:
             gm, changed = run_pass(p, gm, ctx, record)
             modified |= changed
         return gm, modified
+
+
+def run_group(
+    group: PassGroup,
+    gm: fx.GraphModule,
+    sample_inputs: Sequence[Any] | None = None,
+    *,
+    instrument: Iterable[Instrumentation] = (),
+    debug_counter: DebugCounter | None = None,
+    program: Any = None,
+) -> PassResult:
+    """One run of ``group`` on ``gm`` (:meth:`PassGroup.run`; a :class:`~fxpass.Pipeline`
+    first checks its passes' requirements): a new :class:`~fxpass.core.PassContext`, the
+    passes run in order with the group's checks, and the module put back as it was when a
+    pass fails. Called from inside a pass of another run, it joins that run instead."""
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(
+            f"Pipeline.run expects a torch.fx.GraphModule, got {type(gm).__name__}; "
+            "capture the model first (torch.export.export, torch.fx.symbolic_trace), "
+            "or use fxpass.apply, which also takes an ExportedProgram"
+        )
+    outer = current_context()
+    if outer is not None:  # called from inside a pass of another run: join it
+        new_gm, modified = group._run_nested(gm, outer, None)
+        return PassResult(new_gm, modified)
+    check_nesting(group)  # a group nested before passes were added to it
+    instruments = [*_GLOBAL_INSTRUMENTS.get(), *group.instrument, *instrument]
+    ctx = PassContext(
+        sample_inputs=sample_inputs,
+        instruments=instruments,
+        debug_counter=debug_counter,
+        enabled=_enabled,
+        program=program,
+    )
+    if group.verify_analyses is not None:
+        ctx.analyses.verify = group.verify_analyses
+    state = ctx._run
+    state.recompiler = DeferredRecompile()
+    state.full = verify_each_mode(getattr(group, "verify_each", None)) == "full"
+    root = PassRecord(name=group.name, spec=str(group), nodes_before=len(gm.graph.nodes))
+    report = Report(root=root, suppressed=state.suppressed)
+    # rollback: the modules' own state now (cheap), the graphs' from the editor's
+    # journal, or a whole-graph snapshot before the first pass that edits otherwise
+    snapshot = state.snapshot = GraphSnapshot.take(gm, graphs=False)
+    journal = state.journal = ctx.journal = Journal()
+    state.snapshots = report.snapshots
+    state.recompiler.install(gm)
+    new_gm = gm
+    t0 = time.perf_counter()
+    try:
+        with _activate(ctx):
+            for inst in instruments:
+                inst.before_pipeline(group, gm, ctx)
+            if group.policy.check_input:
+                run_checks([group], gm, ctx, "(input)")
+            new_gm, modified = group._run_nested(gm, ctx, root)
+    except PassFailedError as err:
+        state.recompiler.finish(recompile=False)
+        edited = snapshot.restore()
+        journal.undo()
+        root.seconds = time.perf_counter() - t0
+        root.status = "failed"
+        root.nodes_after = len(gm.graph.nodes)
+        report.error = first_line(err)
+        if edited:
+            err.args = (
+                f"{err.args[0]}\n  warning: tensors edited in place were not restored: "
+                f"{', '.join(edited)}",
+            )
+        ctx.error = err
+        err.report = report
+        with _activate(ctx):
+            for inst in instruments:
+                inst.after_pipeline(group, gm, report, ctx)
+        raise
+    except BaseException:
+        state.recompiler.finish(recompile=False)
+        snapshot.restore()
+        journal.undo()
+        raise
+    journal.clear()
+    state.recompiler.finish()
+    root.seconds = time.perf_counter() - t0
+    root.modified = modified
+    root.runs = 1
+    root.nodes_after = len(new_gm.graph.nodes)
+    with _activate(ctx):
+        for inst in instruments:
+            inst.after_pipeline(group, new_gm, report, ctx)
+    stats = report.stats()
+    return PassResult(new_gm, modified, stats, report=report)
 
 
 def _interpret(p: Any, ret: Any, gm: fx.GraphModule, record: PassRecord):
@@ -383,7 +401,7 @@ def _interpret(p: Any, ret: Any, gm: fx.GraphModule, record: PassRecord):
 _KEEP: Any = object()
 
 
-def run_pass(p: Any, gm, ctx, parent: PassRecord | None, record=None, keep=False):
+def run_pass(p, gm, ctx, parent: PassRecord | None, record=None, keep=False):
     """Run one pass inside a run; returns (module, modified) or, with keep, also the record."""
     fresh = record is None
     if fresh:

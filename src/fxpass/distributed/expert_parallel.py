@@ -252,24 +252,31 @@ class ExpertParallelRank(StrategyPass):
     def __init__(self, script: ExpertScript, place: Place) -> None:
         self.script, self.place = script, place
 
-    def apply(self, gm: fx.GraphModule, ctx: Any) -> bool:
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> bool:
         ctx.stat("blocks", apply_experts(gm, self.script, self.place, ctx))
         return True
 
 
-def _prepare(survey: Survey, plan: ShardPlan, scripts: Any) -> ExpertScript | None:
-    script = expert_script(survey.gm, survey.params, plan, stage=survey.staged)
-    return script if script.blocks else None
+class ExpertParallelStrategy(Strategy):
+    """Expert parallelism: each rank of a stage keeps its share of every mixture of
+    experts' experts."""
+
+    name = "expert_parallel"
+    order = 20
+    section = Section("experts", ExpertBlock)
+
+    def analyze(self, survey: Survey, plan: ShardPlan) -> list[ExpertBlock]:
+        return expert_decisions(survey, plan)
+
+    def prepare(self, survey: Survey, plan: ShardPlan, scripts: Any) -> ExpertScript | None:
+        script = expert_script(survey.gm, survey.params, plan, stage=survey.staged)
+        return script if script.blocks else None
+
+    def rewrite(self, script: ExpertScript, place: Place) -> ExpertParallelRank:
+        return ExpertParallelRank(script, place)
 
 
-STRATEGY = Strategy(
-    "expert_parallel",
-    order=20,
-    section=Section("experts", ExpertBlock),
-    analyze=expert_decisions,
-    prepare=_prepare,
-    rewrite=ExpertParallelRank,
-)
+STRATEGY = ExpertParallelStrategy()
 
 
 expert_parallel.cache_key = rank_key

@@ -236,7 +236,7 @@ class Prepared(Mapping):
                 raise RuntimeError(f"the strategies' preparations read each other: {name}")
             self._busy.add(name)
             try:
-                self._done[name] = s.prepare(self.survey, self.plan, self) if s.prepare else None
+                self._done[name] = s.prepare(self.survey, self.plan, self)
             finally:
                 self._busy.discard(name)
         return self._done[name]
@@ -314,11 +314,10 @@ def shard_planned(
         out.notes = _notes(out)
         return out
     staged = planned.stages is not None
-    rewriters = [s for s in strategies() if s.rewrite is not None]
     scripts = []
     for stage_program in planned.programs():
         prepared = Prepared(Survey.of(stage_program, the_mesh, staged=staged), the_plan)
-        scripts.append({s.name: prepared[s.name] for s in rewriters})
+        scripts.append({s.name: prepared[s.name] for s in strategies()})
     if not any(getattr(e, "sharded", True) for v in the_plan.sections.values() for e in v):
         raise ShardError(
             f"found no parallel structure to split across {plural(the_mesh.world_size, 'rank')}"
@@ -331,7 +330,7 @@ def shard_planned(
         place = the_mesh.place(rank, named)
         base = planned.programs()[place.stage]
         mine = scripts[place.stage]
-        passes = [s.rewrite(mine[s.name], place) for s in rewriters if mine[s.name] is not None]
+        passes = [s.rewrite(mine[s.name], place) for s in strategies() if mine[s.name] is not None]
         passes += option_passes(the_plan, place)
         if not passes:
             programs.append(base)

@@ -387,19 +387,24 @@ def pipeline_stages(
 
 
 # ----- the strategy ----------------------------------------------------------------------------
-def _cut(program: Any, plan: Any) -> PipelineStages | None:
-    """The program cut into the plan's stages (chosen here when the plan lists none, and
-    then written into it); None with one stage."""
-    if plan.mesh.pp == 1:
-        return None
-    if not isinstance(program, ExportedProgram):
-        raise ShardError("pipeline stages are cut from an ExportedProgram, not a GraphModule")
-    stages = pipeline_stages(program, plan.mesh.pp, plan=plan.stages or None)
-    plan.stages = stages.stages
-    return stages
+class PipelineStagesStrategy(Strategy):
+    """Pipeline parallelism: the program cut into one program per stage, before the other
+    strategies follow the plan on each stage's program."""
+
+    name = "pipeline_stages"
+    order = 0
+    section = Section("stages", Stage, check=check_stages)
+
+    def split(self, program: Any, plan: Any) -> PipelineStages | None:
+        """The program cut into the plan's stages (chosen here when the plan lists none,
+        and then written into it); None with one stage."""
+        if plan.mesh.pp == 1:
+            return None
+        if not isinstance(program, ExportedProgram):
+            raise ShardError("pipeline stages are cut from an ExportedProgram, not a GraphModule")
+        stages = pipeline_stages(program, plan.mesh.pp, plan=plan.stages or None)
+        plan.stages = stages.stages
+        return stages
 
 
-#: Pipeline parallelism: the program cut into one program per stage, before the other
-#: strategies follow the plan on each stage's program.
-STRATEGY = Strategy("pipeline_stages", order=0, section=Section("stages", Stage, check=check_stages),
-                    split=_cut)  # fmt: skip
+STRATEGY = PipelineStagesStrategy()

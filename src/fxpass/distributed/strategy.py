@@ -1,11 +1,12 @@
-"""The strategies as data: one table, each entry a parallelism with its part of every step.
+"""The strategies: one table, each entry a parallelism with its part of every step.
 
-A :class:`Strategy` is one module's ``STRATEGY``: its plan section (:class:`Section`, read and
-written by :class:`~.plan.ShardPlan` from this table), its ``analyze`` (what it finds in the
-program when a plan is made), its ``split`` (only pipeline stages: the program cut into one
-program per stage), its ``prepare`` (the plan followed once for one stage's program: the
-script, by node name, its ranks apply; None: nothing to do there) and its ``rewrite`` (the
-pass one rank runs, given the script and the rank's :class:`~.mesh.Place`).
+A :class:`Strategy` is one module's ``STRATEGY``, an instance of that module's subclass:
+its plan section (:class:`Section`, read and written by :class:`~.plan.ShardPlan` from this
+table) and its methods ``analyze`` (what it finds in the program when a plan is made),
+``split`` (only pipeline stages: the program cut into one program per stage), ``prepare``
+(the plan followed once for one stage's program: the script, by node name, its ranks apply;
+None: nothing to do there) and ``rewrite`` (the pass one rank runs, given the script and the
+rank's :class:`~.mesh.Place`).
 
 :func:`strategies` finds every module of :mod:`fxpass.distributed` that defines ``STRATEGY``
 and orders them by ``order`` (the order their rewrites run on each rank), so adding a
@@ -102,25 +103,39 @@ class Survey:
         return self.facts[key]
 
 
-@dataclass(frozen=True)
 class Strategy:
-    """One parallelism (see the module docstring). Every step but ``name`` and ``order`` is
-    optional: a strategy without ``analyze`` only follows sections a user wrote, one without
+    """One parallelism (see the module docstring): subclass it, set ``name`` and ``order``
+    (and ``section`` where it has decisions of its own), and override the steps it takes
+    part in; its module's ``STRATEGY`` is an instance. Every step it does not override does
+    nothing: a strategy without ``analyze`` only follows sections a user wrote, one without
     ``rewrite`` only plans."""
 
-    name: str
-    order: int
+    name: str = ""
+    order: int = 0
     section: Section | None = None
-    #: ``analyze(survey, plan) -> entries`` of its section (the plan made so far: the
-    #: sections of the strategies before it in ``order``)
-    analyze: Callable[[Survey, Any], list] | None = None
-    #: ``split(program, plan) -> PipelineStages | None``: one program per stage
-    split: Callable[[Any, Any], Any] | None = None
-    #: ``prepare(survey, plan, scripts) -> script | None``; ``scripts[name]`` is another
-    #: strategy's script for the same stage (prepared on first use)
-    prepare: Callable[[Survey, Any, Mapping[str, Any]], Any] | None = None
-    #: ``rewrite(script, place) -> Pass``: what the rank at ``place`` runs
-    rewrite: Callable[[Any, Place], Pass] | None = None
+
+    def analyze(self, survey: Survey, plan: Any) -> list | None:
+        """The entries of its section found in the program (``plan``: the plan made so far,
+        the sections of the strategies before it in ``order``); None: it finds none
+        itself."""
+        return None
+
+    def split(self, program: Any, plan: Any) -> Any:
+        """The program cut into one program per stage (a ``PipelineStages``), or None."""
+        return None
+
+    def prepare(self, survey: Survey, plan: Any, scripts: Mapping[str, Any]) -> Any:
+        """The plan followed once for one stage's program: the script, by node name, its
+        ranks apply, or None (nothing to do there). ``scripts[name]`` is another strategy's
+        script for the same stage (prepared on first use)."""
+        return None
+
+    def rewrite(self, script: Any, place: Place) -> Pass:
+        """What the rank at ``place`` runs, given the script :meth:`prepare` made."""
+        raise NotImplementedError(f"strategy {self.name} prepared a script but has no rewrite")
+
+    def __repr__(self) -> str:
+        return f"<strategy {self.name}>"
 
 
 def _discover() -> list[Strategy]:
@@ -160,8 +175,9 @@ def strategy(name: str) -> Strategy:
 def analyze_into(survey: Survey, plan: Any) -> None:
     """Each strategy's analysis fills its section of ``plan``, in order."""
     for s in strategies():
-        if s.analyze is not None and s.section is not None:
-            plan.sections[s.section.name] = list(s.analyze(survey, plan))
+        entries = s.analyze(survey, plan) if s.section is not None else None
+        if entries is not None:
+            plan.sections[s.section.name] = list(entries)
 
 
 def split_program(survey: Survey, plan: Any) -> Any:
@@ -169,7 +185,7 @@ def split_program(survey: Survey, plan: Any) -> Any:
     the plan's stages written), or None."""
     cut = None
     for s in strategies():
-        made = s.split(survey.program, plan) if s.split is not None else None
+        made = s.split(survey.program, plan)
         if made is not None and cut is not None:
             raise RuntimeError(f"two strategies split the program ({s.name} is the second)")
         cut = made if made is not None else cut
@@ -177,29 +193,25 @@ def split_program(survey: Survey, plan: Any) -> Any:
 
 
 class StrategyPass(Pass):
-    """A strategy's rewrite for one rank, as a pass of the rank's pipeline: ``apply(gm,
-    ctx)`` is handed the run's :class:`~fxpass.core.PassContext` — it edits through
-    ``ctx.editor`` and reaches the program it runs on (weights, signature) through
-    ``ctx.program``. (The adapter until every pass receives its context by argument.)"""
+    """A strategy's rewrite for one rank, as a pass of the rank's pipeline. It defines
+    ``execute(gm, ctx)``, the method a run calls on each of its passes, so it is handed the
+    run's :class:`~fxpass.core.PassContext`: it edits through ``ctx.editor`` and reaches the
+    program it runs on (weights, signature) through ``ctx.program``."""
 
     edits = "any"  # weights are replaced in the program's state, outside the graph
-
-    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
-        self.requires(gm)
-        return self.apply(gm, ctx)
 
     def call(self, gm: fx.GraphModule) -> Any:
         raise RuntimeError(f"{self.name} runs inside a rank's pipeline (fxpass.shard)")
 
-    def apply(self, gm: fx.GraphModule, ctx: Any) -> Any:
-        raise NotImplementedError
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement execute(gm, ctx)")
 
 
 def handed_context(ctx: Any, pass_name: str) -> Any:
     """The :class:`~fxpass.core.PassContext` a registered function pass was handed (its
     ``ctx`` parameter), or a one-line error when ``pass_name`` was called as a plain
     function. The strategies' rewrites in ``fxpass.shard`` are :class:`StrategyPass`
-    objects, handed it by their ``call``."""
+    objects, handed it by the run as every pass (``execute(gm, ctx)``)."""
     if ctx is None:
         raise RuntimeError(
             f"{pass_name} is a pass: run it in a pipeline (fxpass.apply(program, "

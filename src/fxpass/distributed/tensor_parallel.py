@@ -332,27 +332,34 @@ class TensorParallelRank(StrategyPass):
     def __init__(self, script: TensorScript, place: Place) -> None:
         self.script, self.place = script, place
 
-    def apply(self, gm: fx.GraphModule, ctx: Any) -> bool:
+    def execute(self, gm: fx.GraphModule, ctx: Any) -> bool:
         apply_script(gm, self.script, self.place, ctx)
         return True
 
 
-def _prepare(survey: Survey, plan: ShardPlan, scripts: Any) -> TensorScript | None:
-    if plan.mesh.stage_size == 1:
-        return None
-    experts = scripts["expert_parallel"]
-    partial = experts.partial if experts is not None else []
-    return tensor_script(survey.gm, survey.params, plan, partial=partial, stage=survey.staged)
+class TensorParallelStrategy(Strategy):
+    """Tensor parallelism: each rank of a stage keeps a piece of every weight the plan's
+    decisions cut, with the collectives that put the pieces back together."""
+
+    name = "tensor_parallel"
+    order = 10
+    section = Section("decisions", Decision, required=True)
+
+    def analyze(self, survey: Survey, plan: ShardPlan) -> list[Decision]:
+        return tensor_decisions(survey, plan)
+
+    def prepare(self, survey: Survey, plan: ShardPlan, scripts: Any) -> TensorScript | None:
+        if plan.mesh.stage_size == 1:
+            return None
+        experts = scripts["expert_parallel"]
+        partial = experts.partial if experts is not None else []
+        return tensor_script(survey.gm, survey.params, plan, partial=partial, stage=survey.staged)
+
+    def rewrite(self, script: TensorScript, place: Place) -> TensorParallelRank:
+        return TensorParallelRank(script, place)
 
 
-STRATEGY = Strategy(
-    "tensor_parallel",
-    order=10,
-    section=Section("decisions", Decision, required=True),
-    analyze=tensor_decisions,
-    prepare=_prepare,
-    rewrite=TensorParallelRank,
-)
+STRATEGY = TensorParallelStrategy()
 
 
 def rank_key(*, world_size: int = 0, rank: int = -1, **_: Any) -> str:
