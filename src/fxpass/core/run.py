@@ -266,8 +266,14 @@ class PassGroup:
         limits how many rewrites the run may make (see :class:`~fxpass.core.DebugCounter`);
         ``program`` is what the graph belongs to (``PassContext.program``).
         """
-        return run_group(self, gm, sample_inputs, instrument=instrument,
-                         debug_counter=debug_counter, program=program)  # fmt: skip
+        return run_group(
+            self,
+            gm,
+            sample_inputs,
+            instrument=instrument,
+            debug_counter=debug_counter,
+            program=program,
+        )
 
     def execute(self, gm: fx.GraphModule, ctx: Any) -> Any:
         new_gm, modified = self._run_nested(gm, ctx, ctx.record)
