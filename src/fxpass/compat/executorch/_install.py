@@ -25,6 +25,9 @@ its own objects in (:data:`_SWAPS`):
   (:mod:`._verified`);
 * torch's ``ReplaceViewOpsWithViewCopyOpsPass``, which ``to_edge`` runs: the same pass on
   fxpass's ``ExportPass`` (:mod:`._view_copy`).
+* XNNPACK's ``ConvertToUpsampleBilinear2d`` and ``ConvertToSDPAPass``: their pattern graphs
+  built only for a graph that could hold them (:mod:`._patterns`; on the releases it was
+  checked on).
 
 Everything else in those modules (``ProxyValue``, ``NodeMetadata``, ``PassResult``, the
 errors) stays ExecuTorch's, as fxpass's classes use them.
@@ -104,7 +107,29 @@ def _view_copy(module: types.ModuleType) -> dict[str, Any]:
     return {name: getattr(ours, name)}
 
 
-#: ExecuTorch's modules, and what fxpass puts into each once it has run
+def _pattern_getter(module: types.ModuleType) -> dict[str, Any]:
+    from ._patterns import NEEDS, known_release, withheld
+
+    if not known_release():
+        return {}
+    (patterns,) = [p for p in NEEDS.values() if p.graphs == module.__name__]
+    return {patterns.getter: withheld(getattr(module, patterns.getter), patterns.empty)}
+
+
+def _pattern_pass(module: types.ModuleType) -> dict[str, Any]:
+    from ._patterns import NEEDS, known_release, lazy_patterns
+
+    if not known_release():
+        return {}
+    patterns = NEEDS[module.__name__]
+    call = getattr(module, patterns.cls).call
+    return {f"{patterns.cls}.call": lazy_patterns(call, patterns.needs)}
+
+
+_XNNPACK = "executorch.backends.xnnpack"
+
+#: ExecuTorch's modules, and what fxpass puts into each once it has run (``"Class.name"``:
+#: an attribute of a class of the module)
 _SWAPS: dict[str, Callable[[types.ModuleType], dict[str, Any]]] = {
     _PASS_BASE: _pass_base,
     "executorch.exir.pass_manager": _pass_manager,
@@ -113,6 +138,10 @@ _SWAPS: dict[str, Callable[[types.ModuleType], dict[str, Any]]] = {
     "executorch.exir.verification.verifier": _verifier,
     "executorch.exir.program._program": _view_copy,
     "executorch.exir.capture._capture": _view_copy,
+    f"{_XNNPACK}.partition.graphs.bilinear_2d": _pattern_getter,
+    f"{_XNNPACK}.partition.graphs.sdpa": _pattern_getter,
+    f"{_XNNPACK}._passes.convert_to_upsample_bilinear2d": _pattern_pass,
+    f"{_XNNPACK}._passes.convert_to_sdpa": _pattern_pass,
 }
 
 
@@ -172,11 +201,21 @@ _FINDER: _Finder | None = None
 _ORIGINALS: dict[tuple[str, str], Any] = {}  # (module, name) -> ExecuTorch's object
 
 
+def _owner(module: types.ModuleType, name: str) -> tuple[Any, str]:
+    """Where ``name`` (``"f"`` or ``"Class.f"``) of ``module`` is set: object and attribute."""
+    *path, attribute = name.split(".")
+    owner: Any = module
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, attribute
+
+
 def _swap(module: types.ModuleType) -> None:
     """Put fxpass's objects into ExecuTorch's ``module`` (which has just run)."""
     for name, ours in _SWAPS[module.__name__](module).items():
-        _ORIGINALS.setdefault((module.__name__, name), getattr(module, name))
-        setattr(module, name, ours)
+        owner, attribute = _owner(module, name)
+        _ORIGINALS.setdefault((module.__name__, name), getattr(owner, attribute))
+        setattr(owner, attribute, ours)
 
 
 def _defined_too_early(module: types.ModuleType) -> list[str]:
@@ -236,7 +275,7 @@ def uninstall() -> None:
     for (module_name, name), original in _ORIGINALS.items():
         module = sys.modules.get(module_name)
         if module is not None:
-            setattr(module, name, original)
+            setattr(*_owner(module, name), original)
     _ORIGINALS.clear()
 
 
