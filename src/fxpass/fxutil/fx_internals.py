@@ -397,17 +397,21 @@ def lint_nodes(graph: fx.Graph, nodes: Iterator[fx.Node]) -> None:
     module."""
     from torch.fx.graph import _legal_ops
 
-    table, root = graph._find_nodes_lookup_table, graph._root
+    # the lookup table's dict of dicts read with .get: its ``in`` is two Python calls and
+    # adds an empty entry for a key it has not seen
+    table, root = graph._find_nodes_lookup_table.table, graph._root
     names = graph._graph_namespace._obj_to_name
     owner = graph.owning_module
+    legal = frozenset(_legal_ops)
     for n in nodes:
         if n is root or n._erased:
             continue
-        if n.op not in _legal_ops:
+        op = n.op
+        if op not in legal:
             raise RuntimeError(f"Node {n} had unknown opcode {n.op}!")
         if n.graph is not graph:
             raise RuntimeError(f"Node '{n}' does not belong to this Graph!")
-        if n not in table:
+        if n not in table.get((op, n.target if op == "call_function" else None), ()):
             raise RuntimeError(f"Node '{n}' is not added to the side table")
         if n._prev._next is not n or n._next._prev is not n:
             raise RuntimeError(f"Node '{n}' is not linked into the graph's list")

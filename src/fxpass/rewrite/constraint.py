@@ -98,10 +98,14 @@ class Constraint:
     def __bool__(self) -> bool:
         return any(x is not None for x in (self.dtype, self.rank, self.shape, self.where))
 
+    def checks_meta(self) -> bool:
+        """Whether it constrains ``meta['val']`` (dtype, rank or shape), besides ``where``."""
+        return self.dtype is not None or self.rank is not None or self.shape is not None
+
     def failure(self, v: Any, what: Any = None) -> str | None:
         """None if ``v`` satisfies the constraints, else why not."""
         if self.dtype is not None or self.rank is not None or self.shape is not None:
-            why = self._meta_failure(v)
+            why = self.meta_failure(v)
             if why is not None:
                 return why
         if self.where is not None:
@@ -113,7 +117,8 @@ class Constraint:
                 return f"predicate {fn_name(self.where)} is false for {show(v)}"
         return None
 
-    def _meta_failure(self, v: Any) -> str | None:
+    def meta_failure(self, v: Any) -> str | None:
+        """None if ``v``'s value has the dtype, rank and shape asked for, else why not."""
         val = value_of(v)
         if val is MISSING:
             return f"{show(v)} has no meta['val'] to check dtype/rank/shape against"

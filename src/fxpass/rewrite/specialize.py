@@ -283,8 +283,14 @@ class _Builder:
 
     def op(self, p: P) -> Fn:
         memo, bind = _memo(p), _binder(p)
-        c, commutative = p.constraint, p.commutative
-        accepts, layout = p.accepts, p.layout
+        commutative, accepts, layout = p.commutative, p.accepts, p.layout
+        # the constraint in two halves: the metadata checks (cheap, and they rule most
+        # nodes out) before the arguments; the predicate (a cast's same-shape check reads
+        # two fake tensors' sizes) once the arguments matched, so the many attempts that
+        # fail on the structure never pay for it. Both are pure: the same nodes match.
+        c = p.constraint
+        meta = c if c is not None and c.checks_meta() else None
+        where = c.where if c is not None else None
         # per target (or method/module name): None where p cannot match such a node, else
         # (its layout, whether arguments left out must be checked, the operand swap, the
         # look-ahead, the argument runner) — worked out once per target
@@ -331,7 +337,7 @@ class _Builder:
                 hit = memo(v, st, k)
                 if hit is not None:
                     return hit
-            if c is not None and c.failure(v, v) is not None:
+            if meta is not None and meta.meta_failure(v) is not None:
                 return False
             r, strict, swap, quick, runner = plan
             args, kwargs = node_args(v), node_kwargs(v)
@@ -341,6 +347,8 @@ class _Builder:
             nodes = st.nodes
             nodes.append(v)
             then = k if bind is None else (lambda: bind(v, st, k))
+            if where is not None:
+                then = _checked(where, v, then)
             if (not quick or _quick(r, vals)) and runner(vals, st, then):
                 return True
             if swap is not None:  # the other operand order
@@ -391,6 +399,22 @@ class _Builder:
             return core(vals, st, k)
 
         return runner
+
+
+def _checked(where: Callable[[Any], Any], v: Any, k: Cont) -> Cont:
+    """``k`` behind the predicate ``where(v)``, asked the first time the arguments match
+    (a predicate that raises says no, as :meth:`Constraint.failure` has it)."""
+    holds: list[bool] = []
+
+    def then() -> bool:
+        if not holds:
+            try:
+                holds.append(bool(where(v)))
+            except Exception:  # broad: a predicate that raises says no
+                holds.append(False)
+        return holds[0] and k()
+
+    return then
 
 
 def _run(subs: list, vals: list, st: MatchState, k: Cont) -> bool:
