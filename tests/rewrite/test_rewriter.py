@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fxpass as fp
-from fxpass.rewrite import P, RewriteError, Rule, rewrite, rules
+from fxpass.rewrite import P, ReplacementTypeError, RewriteError, Rule, rewrite, rules
 from fxpass.rewrite import order as order_module
 from fxpass.rewrite.order import TopoOrder, find_cycle
 
@@ -34,8 +34,9 @@ def test_a_failing_replacement_leaves_the_graph_as_it_was():
 
 def test_bad_return_values_are_errors():
     gm = torch.fx.symbolic_trace(lambda a: torch.relu(a) * 2)
-    with pytest.raises(RewriteError, match="must return graph values"):
+    with pytest.raises(ReplacementTypeError, match="must return graph values") as info:
         rewrite(gm, [Rule(P(torch.relu, x), lambda x: 3.0)])
+    assert isinstance(info.value, TypeError)  # as Inductor's pattern matcher fails there
     with pytest.raises(RewriteError, match="returned 2 value"):
         rewrite(gm, [Rule(P(torch.relu, x), lambda x: (x, x))])
 

@@ -40,7 +40,7 @@ from .guided import Choice, Guide, Replace, Surgery, guided
 from .match import Matcher, RuleStats
 from .pattern import P, Pattern
 from .region import Match
-from .rewriter import RewriteError, Rewriter
+from .rewriter import ReplacementTypeError, RewriteError, Rewriter
 from .rule import DROPPABLE_USERS, GraphReplacement, Rule
 from .spelling import CAST_OPS
 from .traced import IRS, Replacement, TraceError, trace, traced_rule
@@ -60,6 +60,7 @@ __all__ = [
     "Pattern",
     "Replace",
     "Replacement",
+    "ReplacementTypeError",
     "RewriteError",
     "RewriteResult",
     "Rewriter",

@@ -35,7 +35,7 @@ from .region import Match, _droppable
 from .replay import ABSENT, Recorded, signature
 from .rule import GraphReplacement
 
-__all__ = ["RewriteError", "Rewriter", "constant_node"]
+__all__ = ["ReplacementTypeError", "RewriteError", "Rewriter", "constant_node"]
 
 
 class RewriteError(FxpassError):
@@ -45,6 +45,12 @@ class RewriteError(FxpassError):
         self.rule = rule
         name = rule.name if name is None else name
         super().__init__(f"rule '{name}' (written at {short(rule.location)}): {message}")
+
+
+class ReplacementTypeError(RewriteError, TypeError):
+    """A replacement returned something that is not a value of the graph (a number, a node
+    of another graph, an erased node). A ``TypeError`` too: code written against Inductor's
+    pattern matcher, which fails there with one, catches it as before."""
 
 
 class _Tracer(GraphAppendingTracer):
@@ -454,7 +460,7 @@ class Rewriter:
         for v in seq:
             v = v.node if isinstance(v, Proxy) else v
             if not isinstance(v, Node) or v.graph is not self.graph or is_erased(v):
-                raise RewriteError(
+                raise ReplacementTypeError(
                     rule,
                     f"the replacement must return graph values (nodes or proxies), got {v!r}",
                     name,

@@ -50,6 +50,9 @@ class Outcome:
     stage: str
     error: str = ""
     error_type: str = ""
+    #: the names of the error's classes, its own first (an fxpass error may also be the
+    #: builtin error Inductor raises there: ``ReplacementTypeError`` is a ``TypeError``)
+    error_types: tuple[str, ...] = ()
     count: int = -1
     gm: torch.fx.GraphModule | None = None
     out: Any = None
@@ -123,19 +126,23 @@ def _outcome(matcher: str, case: Case, gm: torch.fx.GraphModule) -> Outcome:
             case.search, case.replacement, list(case.search_inputs), pm.fwd_only, p
         )
     except Exception as e:  # broad: what the reference raises is part of the verdict
-        return Outcome("register", _one_line(e), type(e).__name__)
+        return Outcome("register", _one_line(e), type(e).__name__, _names(e))
     g = copy.deepcopy(gm)
     try:
         n = p.apply(g.graph)
     except Exception as e:  # broad: as above
-        return Outcome("apply", _one_line(e), type(e).__name__)
+        return Outcome("apply", _one_line(e), type(e).__name__, _names(e))
     try:
         g.graph.lint()
         g.recompile()
         out = g(*case.inputs)
     except Exception as e:  # broad: a graph that does not run is a verdict, not a crash
-        return Outcome("run", _one_line(e), type(e).__name__, n, g)
+        return Outcome("run", _one_line(e), type(e).__name__, _names(e), n, g)
     return Outcome("ok", count=n, gm=g, out=out)
+
+
+def _names(e: BaseException) -> tuple[str, ...]:
+    return tuple(c.__name__ for c in type(e).__mro__)
 
 
 def signatures(gm: torch.fx.GraphModule) -> collections.Counter:
@@ -200,7 +207,7 @@ def compare(case: Case, dynamic: bool = False) -> Verdict:
     kind = f"inductor fails at {theirs.stage}: {theirs.error_type}"
     if ours.stage == "run":  # a graph that does not run is never right
         return Verdict(False, kind, f"fxpass's graph does not run: {ours.error}")
-    if ours.stage == theirs.stage and ours.error_type == theirs.error_type:
+    if ours.stage == theirs.stage and theirs.error_type in ours.error_types:
         return Verdict(True, kind + " (fxpass too)")
     if ours.stage != "ok":
         return Verdict(False, kind, f"fxpass fails at {ours.stage}: {ours.error}")

@@ -212,6 +212,31 @@ def replacement(x0, x1):
     assert compare(case).agree
 
 
+def test_a_replacement_returning_a_bound_float_fails_as_inductor_s():
+    """``x1 + x0`` matches ``a0 + -1.0`` with ``x0 = -1.0``; a replacement returning ``x0``
+    returns a number, not a value of the graph: Inductor fails in ``apply`` with a
+    ``TypeError`` (by accident, taking its length); fxpass says why, with an error that is a
+    ``TypeError`` too (found by the inductor fuzzer)."""
+    source = """
+def program(a0):
+    v1 = a0 + -1.0
+    return a0 + v1, v1
+
+def search(x0, x1):
+    return x1 + x0
+
+def replacement(x0, x1):
+    return x0
+"""
+    case = _case(source, [(3, 4)], [(3, 4), (3, 4)])
+    results = _both(case)
+    assert results["inductor"].stage == "apply" and results["inductor"].error_type == "TypeError"
+    ours = results["fxpass"]
+    assert ours.stage == "apply" and "must return graph values" in ours.error
+    assert "TypeError" in ours.error_types
+    assert compare(case).agree
+
+
 def test_a_search_function_returning_its_input_leaves_the_input_alone():
     """An output of the search function that is one of its inputs: Inductor replaces the
     input's readers with the replacement's value, the replacement's own reader included (a
