@@ -36,10 +36,9 @@ from ..fxutil.fx_state import (
     graph_header,
     node_neighbours,
     node_state,
-    relinked,
     restore_graph_header,
     restore_node_states,
-    without_user,
+    state_before_made,
 )
 
 __all__ = ["Journal"]
@@ -70,8 +69,10 @@ class Journal:
         self._graphs: dict[fx.Graph, tuple] = {}
         self._made: dict[fx.Graph, list[fx.Node]] = {}
         self._new: set[fx.Node] = set()  # the nodes made: nothing to put back
-        self._order: list[fx.Node] = []  # every node saved or made, in the order it was
-        self._pass: dict[fx.Node, tuple] = {}  # since the mark: each node's state then
+        # every node changed or made, once after each mark, in the order first seen
+        self._order: list[fx.Node] = []
+        # since the mark: each node changed, with its state then (None: a node made)
+        self._pass: dict[fx.Node, tuple | None] = {}
         self._pass_made: list[fx.Node] = []  # since the mark: the nodes made
         self._epoch = 0  # marks made: a mark inside a pass (a nested run) ends its own
 
@@ -99,10 +100,14 @@ class Journal:
             return True
         if any(not is_erased(n) for n in self._pass_made):
             return True
-        return any(not _same_state(old, node_state(n)) for n, old in self._pass.items())
+        return any(
+            old is not None and not _same_state(old, node_state(n))
+            for n, old in self._pass.items()
+        )
 
     def touched(self, since: int = 0) -> list[fx.Node]:
-        """The nodes changed or made after ``since`` (repeats possible)."""
+        """The nodes changed or made after ``since`` (each once per mark: repeats only
+        across a mark made since)."""
         return self._order[since:]
 
     def before_create(self, graph: fx.Graph) -> None:
@@ -111,72 +116,61 @@ class Journal:
             self._graphs[graph] = graph_header(graph)
             self._made[graph] = []
 
-    def _graph(self, graph: fx.Graph) -> None:
-        if graph not in self._graphs:
-            self._graphs[graph] = graph_header(graph)
-            self._made[graph] = []
-
-    def _save(self, n: fx.Node) -> None:
-        self._order.append(n)
-        if n in self._new:
-            return
-        if n in self._states:
-            if n not in self._pass:
-                self._pass[n] = node_state(n)
-            return
-        self._graph(n.graph)
-        self._states[n] = self._pass[n] = node_state(n)
-
     def before(self, *nodes: Any) -> None:
         """About to change ``nodes`` (and so the users of the nodes they read, and their
         neighbours when they move or go): save each, and those, the first time."""
-        # _save inlined: an erase of a fused region asks for ~50 nodes per rewrite, most
-        # of them saved already (inside the region, or by the nodes erased before them)
-        order, new, states, this_pass = self._order, self._new, self._states, self._pass
+        # one dict lookup for a node seen since the mark: an erase of a fused region asks
+        # for ~50 nodes per rewrite, most of them seen already (inside the region, or by
+        # the nodes erased before them)
+        this_pass = self._pass
         for n in nodes:
             if not isinstance(n, fx.Node):
                 continue
             for m in (n, *input_nodes(n), *node_neighbours(n)):
-                order.append(m)
-                if m in this_pass or m in new:
-                    continue
-                if m not in states:
-                    self._graph(m.graph)
-                    states[m] = this_pass[m] = node_state(m)
-                else:
-                    this_pass[m] = node_state(m)
+                if m not in this_pass:
+                    self._see(m)
+
+    def _see(self, m: fx.Node) -> None:
+        """``m`` changes for the first time since the mark: note it, and keep its state
+        then (and, the first time ever, as the state an undo puts back)."""
+        self._order.append(m)
+        if m in self._new:
+            self._pass[m] = None
+            return
+        state = self._pass[m] = node_state(m)
+        if m not in self._states:
+            self._states[m] = state
+            self.before_create(m.graph)
 
     def reads(self, nodes: Iterable[Any]) -> None:
         """About to make a node read ``nodes``: their users change."""
+        this_pass = self._pass
         for n in nodes:
-            if isinstance(n, fx.Node):
-                self._save(n)
+            if isinstance(n, fx.Node) and n not in this_pass:
+                self._see(n)
 
     def made(self, node: fx.Node) -> None:
-        """``node`` was just made (nothing else changed since): it goes on undo. The nodes
-        it reads gained it as their last user and its neighbours' links now reach it; those
-        not saved yet are saved as they were before it came."""
-        self._graph(node.graph)
-        new, states, this_pass = self._new, self._states, self._pass
+        """``node`` was just made (nothing else changed since): it goes on undo, with no
+        state of its own to keep. The nodes it reads gained it as their last user and its
+        neighbours' links now reach it; those not seen since the mark are kept as they were
+        before it came."""
+        self.before_create(node.graph)
+        new, states, this_pass, order = self._new, self._states, self._pass, self._order
         before, after = node_neighbours(node)
-        inputs = input_nodes(node)
-        for m in (*inputs, before, after):
-            self._order.append(m)
-            if m in new or m in this_pass:
+        for m in (*input_nodes(node), before, after):
+            if m in this_pass:
                 continue
-            state = node_state(m)
-            if m is before:
-                state = relinked(state, after=after)
-            if m is after:
-                state = relinked(state, before=before)
-            if m in inputs:
-                state = without_user(state, node)
-            this_pass[m] = state
+            order.append(m)
+            if m in new:
+                this_pass[m] = None
+                continue
+            state = this_pass[m] = state_before_made(m, node)
             states.setdefault(m, state)
         new.add(node)
+        this_pass[node] = None
+        order.append(node)
         self._pass_made.append(node)
         self._made[node.graph].append(node)
-        self._order.extend((before, after, node))
 
     def undo(self) -> None:
         """Put every saved node and graph back as it was when first saved."""

@@ -21,10 +21,9 @@ __all__ = [
     "graph_header",
     "node_neighbours",
     "node_state",
-    "relinked",
     "restore_graph_header",
     "restore_node_states",
-    "without_user",
+    "state_before_made",
 ]
 
 _set = object.__setattr__
@@ -122,18 +121,21 @@ def node_neighbours(n: fx.Node) -> tuple[fx.Node, fx.Node]:
     return n._prev, n._next
 
 
-def without_user(state: tuple, user: fx.Node) -> tuple:
-    """A :func:`node_state` as it was before ``user`` became the node's last user."""
-    users = dict(state[7])
-    users.pop(user, None)
-    return (*state[:7], users, *state[8:])
-
-
-def relinked(state: tuple, *, before: Any = None, after: Any = None) -> tuple:
-    """A :func:`node_state` with its link before (or after) it replaced."""
-    prev = state[12] if before is None else before
-    nxt = state[13] if after is None else after
-    return (*state[:12], prev, nxt)
+def state_before_made(n: fx.Node, made: fx.Node) -> tuple:
+    """:func:`node_state` of ``n`` as it was before ``made`` was just made: not yet among
+    its users (when ``made`` reads it), not yet linked before or after it (when it is
+    ``made``'s neighbour). One tuple built, for the nodes a new node changed."""
+    users = dict(n.users)
+    users.pop(made, None)
+    prev, nxt = n._prev, n._next
+    if nxt is made:
+        nxt = made._next
+    if prev is made:
+        prev = made._prev
+    return (
+        n.name, n.op, n.target, n.type, n._args, n._kwargs, dict(n._input_nodes),
+        users, n.meta, dict(n.meta), n._sort_key, n._repr_fn, prev, nxt,
+    )  # fmt: skip
 
 
 def graph_header(graph: fx.Graph) -> tuple:
