@@ -101,8 +101,7 @@ class Journal:
         if any(not is_erased(n) for n in self._pass_made):
             return True
         return any(
-            old is not None and not _same_state(old, node_state(n))
-            for n, old in self._pass.items()
+            old is not None and not _same_state(old, node_state(n)) for n, old in self._pass.items()
         )
 
     def touched(self, since: int = 0) -> list[fx.Node]:

@@ -11,8 +11,6 @@ upgrade that renames one changes these files only.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import fx
 from torch.fx.graph import _FindNodesLookupTable
 
