@@ -41,6 +41,7 @@ SHARED_FIXTURE_GROUPS = {
     "vllm_runs": "vllm",
     "engine_runs": "vllm",
     "torch_only_python": "torch-only-venv",
+    "pattern_runs": "executorch-patterns",  # three ExecuTorch lowerings in fresh processes
 }
 
 

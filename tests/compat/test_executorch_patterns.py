@@ -108,7 +108,7 @@ def _run(kind: str, release: str, out: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def pattern_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("patterns")
     got = {}
     for kind, release in (("executorch", "known"), ("fxpass", "known"), ("fxpass", "other")):
@@ -118,24 +118,24 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.skipif(not known_release(), reason="NEEDS was checked on another release")
-def test_install_builds_the_patterns_only_for_a_graph_that_could_hold_them(runs):
-    printed, program = runs["fxpass", "known"]
+def test_install_builds_the_patterns_only_for_a_graph_that_could_hold_them(pattern_runs):
+    printed, program = pattern_runs["fxpass", "known"]
     assert printed["after linear"] == "0 0"  # neither an upsample nor an attention
     assert printed["after upsample"] == "1 0"  # the upsample's delegate needs its patterns
     assert printed["wrapped"] == "True" and printed["restored"] == "True"
-    assert program == runs["executorch", "known"][1]
+    assert program == pattern_runs["executorch", "known"][1]
 
 
-def test_executorch_alone_builds_every_pattern(runs):
-    printed, _ = runs["executorch", "known"]
+def test_executorch_alone_builds_every_pattern(pattern_runs):
+    printed, _ = pattern_runs["executorch", "known"]
     assert printed["after linear"] == "1 1"
 
 
-def test_on_another_release_nothing_is_wrapped(runs):
-    printed, program = runs["fxpass", "other"]
+def test_on_another_release_nothing_is_wrapped(pattern_runs):
+    printed, program = pattern_runs["fxpass", "other"]
     assert printed["after linear"] == "1 1"  # built as ExecuTorch builds them
     assert printed["wrapped"] == "False" and printed["restored"] == "True"
-    assert program == runs["executorch", "known"][1]
+    assert program == pattern_runs["executorch", "known"][1]
 
 
 def test_known_release():
