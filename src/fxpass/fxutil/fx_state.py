@@ -108,9 +108,14 @@ def _restore_node(
 
 def node_state(n: fx.Node) -> tuple:
     """Everything of one node a pass can change, for :func:`restore_node_states`."""
+    return _state(n, dict(n.users), n._prev, n._next)
+
+
+def _state(n: fx.Node, users: dict, prev: fx.Node, nxt: fx.Node) -> tuple:
+    """The layout of :func:`node_state`, with its users and links as given."""
     return (
         n.name, n.op, n.target, n.type, n._args, n._kwargs, dict(n._input_nodes),
-        dict(n.users), n.meta, dict(n.meta), n._sort_key, n._repr_fn, n._prev, n._next,
+        users, n.meta, dict(n.meta), n._sort_key, n._repr_fn, prev, nxt,
     )  # fmt: skip
 
 
@@ -130,10 +135,7 @@ def state_before_made(n: fx.Node, made: fx.Node) -> tuple:
         nxt = made._next
     if prev is made:
         prev = made._prev
-    return (
-        n.name, n.op, n.target, n.type, n._args, n._kwargs, dict(n._input_nodes),
-        users, n.meta, dict(n.meta), n._sort_key, n._repr_fn, prev, nxt,
-    )  # fmt: skip
+    return _state(n, users, prev, nxt)
 
 
 def graph_header(graph: fx.Graph) -> tuple:
