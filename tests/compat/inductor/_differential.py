@@ -49,7 +49,6 @@ class Outcome:
 
     stage: str
     error: str = ""
-    error_type: str = ""
     #: the names of the error's classes, its own first (an fxpass error may also be the
     #: builtin error Inductor raises there: ``ReplacementTypeError`` is a ``TypeError``)
     error_types: tuple[str, ...] = ()
@@ -60,6 +59,11 @@ class Outcome:
     #: (``sym_size`` ...: they match only the same spelling) or as its size inputs
     #: (``KeywordArg('arg0_1')``: one for sizes the graph reads apart), from its log
     size_misses: int = 0
+
+    @property
+    def error_type(self) -> str:
+        """The name of the error's own class ("" where it did not fail)."""
+        return self.error_types[0] if self.error_types else ""
 
 
 @dataclass
@@ -126,18 +130,18 @@ def _outcome(matcher: str, case: Case, gm: torch.fx.GraphModule) -> Outcome:
             case.search, case.replacement, list(case.search_inputs), pm.fwd_only, p
         )
     except Exception as e:  # broad: what the reference raises is part of the verdict
-        return Outcome("register", _one_line(e), type(e).__name__, _names(e))
+        return Outcome("register", _one_line(e), _names(e))
     g = copy.deepcopy(gm)
     try:
         n = p.apply(g.graph)
     except Exception as e:  # broad: as above
-        return Outcome("apply", _one_line(e), type(e).__name__, _names(e))
+        return Outcome("apply", _one_line(e), _names(e))
     try:
         g.graph.lint()
         g.recompile()
         out = g(*case.inputs)
     except Exception as e:  # broad: a graph that does not run is a verdict, not a crash
-        return Outcome("run", _one_line(e), type(e).__name__, _names(e), n, g)
+        return Outcome("run", _one_line(e), _names(e), n, g)
     return Outcome("ok", count=n, gm=g, out=out)
 
 
