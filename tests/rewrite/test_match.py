@@ -1,11 +1,13 @@
 """The four matchers agree, on random patterns over random graphs: interpreted
-(:class:`~fxpass.rewrite.interpreted.Interpreter`), compiled (:func:`compile_rule`, and whatever
-:func:`attempt` picks for a rule), explaining (:class:`Explainer`, :func:`explain`) and
-torch-like (:class:`TorchMatching`, in its default configuration). At every node, for every
-rule: the same match or none, the same bindings, nodes and chains seen through; over the
-graph and a list of rules, the same first match; and ``explain`` says "matches" exactly
-where they match. The interpreter is the reference semantics; nothing keeps the others
-equal to it but this test."""
+(:class:`~fxpass.rewrite.interpreted.Interpreter`), compiled (:func:`compile_rule`, and
+whatever :func:`attempt` picks for a rule), explaining (:class:`Explainer`, :func:`explain`)
+and torch-like (:class:`TorchMatching`, in its default configuration). At every node, for
+every rule: the same match or none, the same bindings, nodes and chains seen through; over
+the graph and a list of rules, the same first match; and ``explain`` says "matches" exactly
+where they match. ``attempt`` is asked twice at every node: a rule with alternatives learns
+the paths of its matches (:mod:`fxpass.rewrite.learned`) and tries them first the second
+time. The interpreter is the reference semantics; nothing keeps the others equal to it but
+this test."""
 
 from __future__ import annotations
 
@@ -270,6 +272,12 @@ def _agree(gm: fx.GraphModule, rule_list: list[Rule]) -> list[str]:
                 matched.append(node)
                 seen.append("a match" + (" seen through a chain" if want[4] else ""))
         assert explain(rule, gm).matches == matched, ("explain over the graph", rule)
+        for node in gm.graph.nodes:  # again: the paths learned anywhere now go first
+            assert _attempted(rule, node, order) == _interpreted(rule, node, order), (
+                "attempt, paths learned",
+                rule,
+                node,
+            )
         seen.append("compiled" if compile_rule(rule) is not None else "interpreted only")
         seen.append(f"{len(rule.roots)} root(s), matched at {min(len(matched), 2)}+ nodes")
     firsts = {

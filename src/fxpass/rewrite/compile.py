@@ -27,12 +27,12 @@ from ..fxutil.dialect import has_dim_order_spelling, is_edge_op
 from ..fxutil.fx_internals import ARGS_ATTR, KWARGS_ATTR
 from ._state import MISSING
 from .arguments import rank
-from .constraint import lit_eq
-from .interpreted import strict_ok
-from .leaves import AnyOf, Const, Lit, Pattern, Seq, Var
+from .constraint import constant_number, lit_eq
+from .interpreted import is_a, strict_ok
+from .leaves import AnyOf, Const, Lit, Pattern, Scalar, Seq, Through, Var
 from .pattern import P
 
-__all__ = ["CompiledMatcher", "compile_rule"]
+__all__ = ["CompiledMatcher", "MatchPath", "compile_path", "compile_rule"]
 
 _MAX_LINES = 4000
 
@@ -59,7 +59,63 @@ def compile_rule(rule: Any) -> CompiledMatcher | None:
     """The compiled matcher for ``rule``, or None when it needs the interpreter."""
     if len(rule.roots) != 1 or not _supported(rule.roots[0]):
         return None
+    return _generate(rule, None)
+
+
+class MatchPath:
+    """The choices one match made through a pattern with alternatives (see
+    :mod:`~fxpass.rewrite.learned`), by ``id`` of the pattern node that made them:
+
+    * ``options``: per :class:`~fxpass.rewrite.AnyOf`, (the option taken, what the value it
+      was taken at must be where it is not the first option, else None: the target of a
+      call_function node, ``("op", kind)`` for a node of another kind, or
+      :data:`NOT_A_NODE`);
+    * ``chains``: per :meth:`P.through <fxpass.rewrite.P.through>`, the targets of the nodes
+      it saw through, outermost first (empty: none);
+    * ``targets``: per op pattern, the target of the node it matched.
+    """
+
+    __slots__ = ("chains", "options", "targets")
+
+    def __init__(
+        self, options: dict[int, tuple[int, Any]], chains: dict[int, tuple], targets: dict[int, Any]
+    ) -> None:
+        self.options, self.chains, self.targets = options, chains, targets
+
+    def key(self) -> tuple:
+        """Equal for equal paths (the targets by identity)."""
+        return (
+            tuple(sorted((k, i, id(g)) for k, (i, g) in self.options.items())),
+            tuple(sorted((k, tuple(map(id, ts))) for k, ts in self.chains.items())),
+            tuple(sorted((k, id(t)) for k, t in self.targets.items())),
+        )
+
+
+#: A :class:`MatchPath` option taken at a value that is no node.
+NOT_A_NODE: Any = type("NOT_A_NODE", (), {"__repr__": lambda self: "<not a node>"})()
+
+_PATH_CLASSES = (P, Var, Const, Lit, Seq, AnyOf, Through, Scalar)
+
+
+def compile_path(rule: Any, path: MatchPath) -> CompiledMatcher | None:
+    """``rule``'s matcher along ``path`` alone: straight-line code that takes the recorded
+    option at each alternative, sees through as many views as recorded, expects each op
+    pattern's recorded target and tries no other operand order. Its function returns True
+    (matched, ``final`` accepted), None (the structure matched, ``final`` did not) or False.
+    None where the rule has more roots or pattern classes of other matchers."""
+    if len(rule.roots) != 1:
+        return None
+    if any(q.__class__ not in _PATH_CLASSES for q in rule.roots[0].walk()):
+        return None
+    try:
+        return _generate(rule, path)
+    except KeyError:  # a choice the path does not hold: it was not made by this rule
+        return None
+
+
+def _generate(rule: Any, path: MatchPath | None) -> CompiledMatcher | None:
     gen = _Gen()
+    gen.path = path
     gen.rule = gen.const(rule)
     gen.emit([(rule.roots[0], "v0")], _Static(), 1)
     if gen.too_big:
@@ -68,7 +124,7 @@ def compile_rule(rule: Any) -> CompiledMatcher | None:
     source = f"def match(v0, st, final):\n{body}\n    return False\n"
     env = dict(gen.consts)
     env.update(Node=Node, _lit_eq=lit_eq, _strict_ok=strict_ok, MISSING=MISSING)
-    env.update(_edge_wrapped=_edge_wrapped)
+    env.update(_edge_wrapped=_edge_wrapped, _constant_number=constant_number, _is_a=is_a)
     code = compile(source, f"<fxpass rule {rule.name}>", "exec")
     exec(code, env)
     return CompiledMatcher(env["match"], source)
@@ -86,6 +142,7 @@ class _Static:
         self.bound: dict[str, str] = {}  # name -> local holding its value
         self.memo: dict[int, str] = {}  # id(shared pattern) -> local holding its node
         self.nodes: list[str] = []  # locals of matched op-pattern nodes, in order
+        self.chains: list[str] = []  # locals of the runs of nodes seen through, in order
         self.depth = 0  # open loops: failing is `continue` inside one
 
 
@@ -96,6 +153,7 @@ class _Gen:
         self.count = 0
         self.too_big = False
         self.rule = ""
+        self.path: MatchPath | None = None  # along one path only (compile_path)
 
     def const(self, obj: Any) -> str:
         name = f"K{len(self.consts)}"
@@ -135,6 +193,12 @@ class _Gen:
                 self.var(p, v, s, ind)
             elif isinstance(p, Const):
                 self.const_pattern(p, v, s, ind)
+            elif p.__class__ is AnyOf:  # along a path only
+                pending = self.chosen(p, v, s, ind) + pending
+            elif p.__class__ is Through:
+                pending = self.seen_through(p, v, s, ind) + pending
+            elif p.__class__ is Scalar:
+                self.scalar(p, v, s, ind)
             elif isinstance(p, Seq):
                 n = len(p.items)
                 self.line(
@@ -204,6 +268,57 @@ class _Gen:
             self.line(ind, f"if not {w}({v}): {self.fail(s)}")
         self.bind(p, v, s, ind, node=False)
 
+    # ----- along a path (compile_path) -----------------------------------------------------
+    def chosen(self, p: AnyOf, v: str, s: _Static, ind: int) -> list[tuple[Pattern, str]]:
+        """The option the path took; where it is not the first, the value must be a node
+        calling the op it was taken at (the earlier options cannot start at that op)."""
+        if p._shared and id(p) in s.memo:
+            self.bind(p, v, s, ind, node=False)  # a later use: the same value
+            return []
+        assert self.path is not None
+        index, at = self.path.options[id(p)]
+        if at is NOT_A_NODE:
+            self.line(ind, f"if {v}.__class__ is Node: {self.fail(s)}")
+        elif isinstance(at, tuple):  # ("op", "placeholder"): a node of that kind
+            self.line(ind, f"if {v}.__class__ is not Node or {v}.op != {at[1]!r}: {self.fail(s)}")
+        elif at is not None:
+            k = self.const(at)
+            self.line(ind, f"if {v}.__class__ is not Node or {v}.target is not {k}: {self.fail(s)}")
+        self.bind(p, v, s, ind, node=False)
+        return [(p.options[index], v)]
+
+    def seen_through(self, p: Through, v: str, s: _Static, ind: int) -> list[tuple[Pattern, str]]:
+        """The recorded run of views (each calling the recorded op, each a step
+        :meth:`Through.step` takes), then the inner pattern behind it."""
+        if p._shared and id(p) in s.memo:
+            self.bind(p, v, s, ind, node=False)
+            return []
+        assert self.path is not None
+        targets = self.path.chains[id(p)]
+        self.bind(p, v, s, ind, node=False)
+        if not targets:
+            return [(p.inner, v)]
+        f, step = self.fail(s), self.const(p.step)
+        cur, chain = v, []
+        for t in targets:
+            k = self.const(t)
+            self.line(ind, f"if {cur}.__class__ is not Node or {cur}.target is not {k}: {f}")
+            nxt = self.local("c")
+            self.line(ind, f"{nxt} = {step}({cur})")
+            self.line(ind, f"if {nxt} is None: {f}")
+            chain.append(cur)
+            cur = nxt
+        run = self.local("run")
+        self.line(ind, f"{run} = ({', '.join(reversed(chain))},)")  # innermost first
+        s.chains.append(run)
+        return [(p.inner, cur)]
+
+    def scalar(self, p: Scalar, v: str, s: _Static, ind: int) -> None:
+        num, t = self.local("n"), self.const(p.types)
+        self.line(ind, f"{num} = _constant_number({v}) if {v}.__class__ is Node else {v}")
+        self.line(ind, f"if not _is_a({num}, {t}): {self.fail(s)}")
+        self.bind(p, num, s, ind, node=False)
+
     def op(self, p: P, v: str, s: _Static, ind: int):
         """Checks for the op node in ``v``; returns (indent, pending children) where a
         deferred operand swap is a ("swap", ...) item for the end of the pending list."""
@@ -216,7 +331,12 @@ class _Gen:
         if single and not p.one_spelling:  # a spelling with another schema takes the general path
             single = not has_dim_order_spelling(next(iter(p.fns)))
         r = None
-        if single:
+        if self.path is not None:  # the target the path recorded, nothing else
+            target = self.path.targets[id(p)]
+            r = p.layout(target)
+            self.line(ind, f"if {v}.target is not {self.const(target)}: {f}")
+            rv = self.const(r)
+        elif single:
             (target,) = p.fns
             r = p.layout(target)
             if not r.ok:
@@ -270,7 +390,7 @@ class _Gen:
 
         locs = [self.local("x") for _ in children]
         start, deferred = 0, []
-        if p.commutative and len(children) >= 2 and len(p.args) >= 2:
+        if p.commutative and len(children) >= 2 and len(p.args) >= 2 and self.path is None:
             if rank(children[0]) >= 3 and rank(children[1]) >= 3:
                 # swapping only changes bindings: choose late, after the structure matched
                 e0, e1 = self.local("e"), self.local("e")
@@ -296,6 +416,11 @@ class _Gen:
         env = ", ".join(f"{name!r}: {loc}" for name, loc in s.bound.items())
         self.line(ind, f"st.env = {{{env}}}")
         self.line(ind, f"st.nodes = [{', '.join(s.nodes)}]")
+        if s.chains:
+            self.line(ind, f"st.chains = [{', '.join(s.chains)}]")
+        if self.path is not None:  # one way through: no later alternative to try here
+            self.line(ind, f"return True if final({self.rule}, st) else None")
+            return
         self.line(ind, f"if final({self.rule}, st):")
         self.line(ind + 1, "return True")
 

@@ -22,6 +22,7 @@ from ..fxutil.dialect import aten_op, spellings
 from ._state import MISSING, MatchState
 from .compile import CompiledMatcher, compile_rule
 from .interpreted import Interpreter
+from .learned import learned
 from .reach import Reach
 from .region import Match, MatchedRule, lazy_order
 from .specialize import specialize_rule
@@ -59,13 +60,15 @@ class RuleStats:
 def compiled(rule: MatchedRule) -> CompiledMatcher | None:
     """The rule's compiled matcher, made on first use: straight-line code where the rule
     has no alternatives, else the interpreter's handlers specialized to its pattern nodes
-    (None: it needs the interpreter itself)."""
+    behind the paths its matches teach (:mod:`~fxpass.rewrite.learned`); None: it needs the
+    interpreter itself."""
     c = rule._compiled
     if c is MISSING:
         c = compile_rule(rule)
         if c is None:
             fn = specialize_rule(rule)
-            c = None if fn is None else CompiledMatcher(fn, "# specialized closures")
+            if fn is not None:
+                c = CompiledMatcher(learned(rule, fn), "# learned paths, then specialized closures")
         rule._compiled = c
     return c
 
