@@ -103,8 +103,29 @@ def qualified_name(target: Any) -> str:
 
 
 def default_node_name(graph: fx.Graph, target: Any) -> str:
-    """The name ``graph.create_node`` derives from ``target`` when given none."""
-    return graph._target_to_str(target)
+    """The name ``graph.create_node`` derives from ``target`` when given none, spelled as
+    the graph's namespace spells a candidate (illegal characters replaced): given as the
+    candidate it makes the same name, without the namespace's two regex rounds and
+    substitution for a dotted one (``add.tensor``; every OpOverload's), ~4 us a node."""
+    return _legal_candidate(graph._target_to_str(target))
+
+
+def _legal_candidate(candidate: str) -> str:
+    """What ``_Namespace.create_name`` turns ``candidate`` into before it numbers it."""
+    if _NAME_REGEX is None or _NAME_REGEX.match(candidate) is not None:
+        return candidate
+    candidate = _ILLEGAL_CHARS.sub("_", candidate)
+    if not candidate:
+        candidate = "_unnamed"
+    if candidate[0].isdigit():
+        candidate = f"_{candidate}"
+    return candidate
+
+
+_NAME_REGEX = getattr(torch.fx.graph, "_name_regex", None)
+_ILLEGAL_CHARS = getattr(torch.fx.graph, "_illegal_char_regex", None)
+if _ILLEGAL_CHARS is None:
+    _NAME_REGEX = None  # another torch: hand the candidate over as it is
 
 
 def set_args_kwargs(node: fx.Node, args: tuple, kwargs: dict) -> None:
