@@ -196,6 +196,8 @@ def test_entry_point_plugins_are_discovered(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_infos", dict(registry._infos))
     monkeypatch.setattr(registry, "_plugins_loaded", False)
     monkeypatch.setattr(registry, "plugin_errors", [])
+    assert registry.get("fuse_add_rmsnorm").origin == "fxpass"  # a pass of fxpass's own:
+    assert not registry._plugins_loaded  # found without scanning the installed distributions
     with pytest.warns(UserWarning, match="could not load pass plug-in 'plugin_broken'"):
         names = registry.names()
     assert "plugin_noop" in names and "plugin_from_module" in names

@@ -401,7 +401,13 @@ class Registry:
         return name in self._infos
 
     def get(self, name: str) -> PassInfo:
-        """The :class:`PassInfo` of ``name``; an unknown name suggests the closest ones."""
+        """The :class:`PassInfo` of ``name``; an unknown name suggests the closest ones.
+        Plug-ins are loaded for a name not registered yet (they never replace a registered
+        pass), so looking up fxpass's own passes does not pay for scanning every installed
+        distribution's entry points (~10 ms on a first run)."""
+        hit = self._infos.get(name)
+        if hit is not None:
+            return hit
         self._ensure_plugins()
         try:
             return self._infos[name]
