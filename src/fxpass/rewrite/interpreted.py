@@ -213,8 +213,12 @@ class Interpreter:
             if hit is not None:
                 return hit
         then = k if p.name is None and not p._shared else lambda: self.bind(p, v, st, k)
-        m = self.m
-        return any(m[o.__class__](o, v, st, then) for o in p.options)
+        return any(self.option(p, i, v, st, then) for i in range(len(p.options)))
+
+    def option(self, p: AnyOf, i: int, v: Any, st: MatchState, k: Cont) -> bool:
+        """Match ``v`` by option ``i`` of ``p``, then ``k``."""
+        o = p.options[i]
+        return self.m[o.__class__](o, v, st, k)
 
     def through(self, p: Through, v: Any, st: MatchState, k: Cont) -> bool:
         if p._shared:
@@ -222,24 +226,29 @@ class Interpreter:
             if hit is not None:
                 return hit
         then = k if p.name is None and not p._shared else lambda: self.bind(p, v, st, k)
-        inner = p.inner
-        m = self.m[inner.__class__]
         chain: list[Node] = []
         cur = v
         while True:
-            if not chain:
-                if m(inner, cur, st, then):
-                    return True
-            else:
-                st.chains.append(tuple(reversed(chain)))  # innermost first
-                if m(inner, cur, st, then):
-                    return True
-                st.chains.pop()
+            if self.behind(p, chain, cur, st, then):
+                return True
             nxt = p.step(cur)
             if nxt is None or len(chain) >= p.MAX_CHAIN:
                 return False
             chain.append(cur)
             cur = nxt
+
+    def behind(self, p: Through, chain: list[Node], cur: Any, st: MatchState, k: Cont) -> bool:
+        """Match ``p``'s inner pattern at ``cur``, behind the views ``chain`` (outermost
+        first) that ``p`` saw through, then ``k``."""
+        inner = p.inner
+        m = self.m[inner.__class__]
+        if not chain:
+            return m(inner, cur, st, k)
+        st.chains.append(tuple(reversed(chain)))  # innermost first
+        if m(inner, cur, st, k):
+            return True
+        st.chains.pop()
+        return False
 
     def op(self, p: P, v: Any, st: MatchState, k: Cont) -> bool:
         if v.__class__ is not Node:

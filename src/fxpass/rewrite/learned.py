@@ -80,49 +80,26 @@ class _Trail(Interpreter):
         self.path: MatchPath | None = None
         self.forced = False
 
-    def any_of(self, p: AnyOf, v: Any, st: MatchState, k: Any) -> bool:
-        if p._shared:
-            hit = self.memo_hit(p, v, st, k)
-            if hit is not None:
-                return hit
-        then = k if p.name is None and not p._shared else lambda: self.bind(p, v, st, k)
-        trail, options = self.trail, p.options
-        for i, o in enumerate(options):
-            at = _at(v) if i else None
-            forced = i == 0 or (at is not None and not any(may_start(q, v) for q in options[:i]))
-            trail.append(("option", id(p), (i, at), forced))
-            if self.m[o.__class__](o, v, st, then):
-                return True
-            trail.pop()
+    def option(self, p: AnyOf, i: int, v: Any, st: MatchState, k: Any) -> bool:
+        options = p.options
+        at = _at(v) if i else None
+        forced = i == 0 or (at is not None and not any(may_start(q, v) for q in options[:i]))
+        self.trail.append(("option", id(p), (i, at), forced))
+        if super().option(p, i, v, st, k):
+            return True
+        self.trail.pop()
         return False
 
-    def through(self, p: Through, v: Any, st: MatchState, k: Any) -> bool:
-        if p._shared:
-            hit = self.memo_hit(p, v, st, k)
-            if hit is not None:
-                return hit
-        then = k if p.name is None and not p._shared else lambda: self.bind(p, v, st, k)
-        inner, trail = p.inner, self.trail
-        m = self.m[inner.__class__]
-        chain: list[Node] = []
-        cur = v
-        while True:
-            targets = tuple(_at(n) for n in chain)
-            # the inner pattern was tried at every node of the chain first: by its op?
-            forced = all(t is not None and not may_start(inner, n) for n, t in zip(chain, targets))
-            trail.append(("chain", id(p), targets, forced))
-            if chain:
-                st.chains.append(tuple(reversed(chain)))  # innermost first
-            if m(inner, cur, st, then):
-                return True
-            if chain:
-                st.chains.pop()
-            trail.pop()
-            nxt = p.step(cur)
-            if nxt is None or len(chain) >= p.MAX_CHAIN:
-                return False
-            chain.append(cur)
-            cur = nxt
+    def behind(self, p: Through, chain: list[Node], cur: Any, st: MatchState, k: Any) -> bool:
+        targets = tuple(_at(n) for n in chain)
+        # the inner pattern was tried at every node of the chain first: by its op?
+        inner = p.inner
+        forced = all(t is not None and not may_start(inner, n) for n, t in zip(chain, targets))
+        self.trail.append(("chain", id(p), targets, forced))
+        if super().behind(p, chain, cur, st, k):
+            return True
+        self.trail.pop()
+        return False
 
     def op(self, p: P, v: Any, st: MatchState, k: Any) -> bool:
         self._ops.append([p, v, 0])
